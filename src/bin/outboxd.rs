@@ -1,0 +1,71 @@
+//! The outboxd server binary: parse, validate, run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use outboxd::{
+    config::{Cli, Command, EXIT_CONFIG},
+    server, shutdown, telemetry,
+};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            // --help and --version.
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            let rendered = err.to_string();
+            let line = rendered.lines().next().unwrap_or("invalid arguments");
+            eprintln!("outboxd: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    match cli.command {
+        Some(Command::Migrate { database, log }) => {
+            let db = match database.validate() {
+                Ok(db) => db,
+                Err(reason) => return config_error(&reason),
+            };
+            telemetry::init(log.log_format);
+            let Ok(cancel) = shutdown::on_signals() else {
+                return ExitCode::FAILURE;
+            };
+            report(server::migrate(&db, &cancel).await)
+        }
+        None => {
+            let config = match cli.serve.validate() {
+                Ok(config) => config,
+                Err(reason) => return config_error(&reason),
+            };
+            telemetry::init(cli.serve.log.log_format);
+            let Ok(cancel) = shutdown::on_signals() else {
+                return ExitCode::FAILURE;
+            };
+            let result = async {
+                let server = server::Server::build(config, &cancel).await?;
+                server.serve(cancel).await
+            }
+            .await;
+            report(result)
+        }
+    }
+}
+
+fn config_error(reason: &str) -> ExitCode {
+    eprintln!("outboxd: invalid configuration: {reason}");
+    ExitCode::from(EXIT_CONFIG as u8)
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "outboxd failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Command line and environment, read once and validated before anything is
+//! bound: a bad value exits with code 64 and one line saying which and why.
+
+use std::{net::SocketAddr, str::FromStr, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::{
+    lease::{BackoffPolicy, Limits},
+    outbox::{OutboxArg, OutboxPolicy, OutboxSpec, parse_duration},
+};
+
+/// Exit code for a configuration error (EX_USAGE from sysexits.h).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// outboxd: fenced leases on PostgreSQL outbox rows, for relay workers in any language.
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply migrations and adopt the configured outbox tables, then exit.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        log: LogArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log line format; the level filter comes from RUST_LOG (default `info`).
+    #[arg(long, env = "OUTBOXD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL (postgres://user:pass@host:port/db). Required. Never logged with its password.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Maximum connections in the pool (plus one for LISTEN).
+    #[arg(long, env = "OUTBOXD_DB_MAX_CONNECTIONS", default_value_t = 20)]
+    pub db_max_connections: u32,
+
+    /// How long an RPC waits for a pooled connection before failing with UNAVAILABLE.
+    #[arg(long, env = "OUTBOXD_DB_ACQUIRE_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
+    pub db_acquire_timeout: Duration,
+
+    /// An outbox: NAME=SCHEMA.TABLE[:key=value...]. Repeatable; options are
+    /// max_attempts, retention, backoff_base, backoff_factor, backoff_max.
+    /// Default: default=public.outbox.
+    #[arg(long = "outbox", env = "OUTBOXD_OUTBOXES", value_delimiter = ',', value_name = "NAME=SCHEMA.TABLE")]
+    pub outboxes: Vec<OutboxArg>,
+
+    /// Deliveries before a message is dead-lettered (per-outbox option: max_attempts).
+    #[arg(long, env = "OUTBOXD_MAX_ATTEMPTS", default_value_t = 10)]
+    pub max_attempts: u32,
+
+    /// First retry delay after a Nack without retry_after.
+    #[arg(long, env = "OUTBOXD_BACKOFF_BASE", value_parser = parse_duration, default_value = "1s")]
+    pub backoff_base: Duration,
+
+    /// Growth of the retry delay per attempt.
+    #[arg(long, env = "OUTBOXD_BACKOFF_FACTOR", default_value_t = 2.0)]
+    pub backoff_factor: f64,
+
+    /// Longest retry delay.
+    #[arg(long, env = "OUTBOXD_BACKOFF_MAX", value_parser = parse_duration, default_value = "5m")]
+    pub backoff_max: Duration,
+
+    /// Random spread of each retry delay, as a fraction (0.2 = ±20 %).
+    #[arg(long, env = "OUTBOXD_BACKOFF_JITTER", default_value_t = 0.2)]
+    pub backoff_jitter: f64,
+
+    /// How long published rows are kept; 0 deletes each row when it is acked.
+    #[arg(long, env = "OUTBOXD_RETENTION", value_parser = parse_duration, default_value = "7d")]
+    pub retention: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    /// gRPC listen address.
+    #[arg(long, env = "OUTBOXD_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+
+    /// Skip migrations and table adoption at start (a migration Job runs them);
+    /// the tables are still checked.
+    #[arg(long, env = "OUTBOXD_NO_MIGRATE")]
+    pub no_migrate: bool,
+
+    /// Largest batch a claim may ask for, and most ids per Ack/Nack/ExtendLease.
+    #[arg(long, env = "OUTBOXD_MAX_BATCH", default_value_t = 1000)]
+    pub max_batch: u32,
+
+    /// Lease when a claim does not ask for one.
+    #[arg(long, env = "OUTBOXD_DEFAULT_LEASE", value_parser = parse_duration, default_value = "30s")]
+    pub default_lease: Duration,
+
+    /// Shortest lease a client may ask for.
+    #[arg(long, env = "OUTBOXD_MIN_LEASE", value_parser = parse_duration, default_value = "1s")]
+    pub min_lease: Duration,
+
+    /// Longest lease a client may ask for.
+    #[arg(long, env = "OUTBOXD_MAX_LEASE", value_parser = parse_duration, default_value = "15m")]
+    pub max_lease: Duration,
+
+    /// Longest long-poll wait; longer requests are shortened to it.
+    #[arg(long, env = "OUTBOXD_MAX_WAIT", value_parser = parse_duration, default_value = "20s")]
+    pub max_wait: Duration,
+
+    /// How often a long-polling claim re-checks without a notification: the
+    /// safety net for lost notifications, due retries and expired leases.
+    #[arg(long, env = "OUTBOXD_POLL_INTERVAL", value_parser = parse_duration, default_value = "500ms")]
+    pub poll_interval: Duration,
+
+    /// How often published rows past retention are deleted.
+    #[arg(long, env = "OUTBOXD_RETENTION_INTERVAL", value_parser = parse_duration, default_value = "1m")]
+    pub retention_interval: Duration,
+
+    /// Rows deleted per retention statement (a short statement, repeated).
+    #[arg(long, env = "OUTBOXD_RETENTION_BATCH", default_value_t = 1000)]
+    pub retention_batch: u32,
+
+    /// How often the database is checked for the health service.
+    #[arg(long, env = "OUTBOXD_HEALTH_INTERVAL", value_parser = parse_duration, default_value = "5s")]
+    pub health_interval: Duration,
+
+    /// How long in-flight RPCs may take to finish after SIGTERM.
+    #[arg(long, env = "OUTBOXD_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
+    pub drain_timeout: Duration,
+}
+
+/// Database settings, validated.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    pub connect: PgConnectOptions,
+    /// The URL with its password masked, for logs.
+    pub display_url: String,
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+    pub outboxes: Vec<OutboxSpec>,
+}
+
+/// Server settings, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub listen: SocketAddr,
+    pub migrate: bool,
+    pub limits: Limits,
+    pub poll_interval: Duration,
+    pub retention_interval: Duration,
+    pub retention_batch: u32,
+    pub health_interval: Duration,
+    pub drain_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    pub fn validate(&self) -> Result<DatabaseConfig, String> {
+        let url = self
+            .database_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .ok_or("--database-url (DATABASE_URL) is required")?;
+        let parsed = url::Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "postgres" | "postgresql"))
+            .ok_or("--database-url must be a postgres:// URL")?;
+        let display_url = redact(parsed);
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|_| format!("--database-url is not a valid PostgreSQL URL: {display_url}"))?
+            .application_name("outboxd");
+        if self.db_max_connections == 0 {
+            return Err("--db-max-connections must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("--max-attempts must be at least 1".into());
+        }
+        if !(1.0..=10.0).contains(&self.backoff_factor) {
+            return Err("--backoff-factor must be between 1 and 10".into());
+        }
+        if !(0.0..=1.0).contains(&self.backoff_jitter) {
+            return Err("--backoff-jitter must be between 0 and 1".into());
+        }
+        if self.backoff_base > self.backoff_max {
+            return Err("--backoff-base must not exceed --backoff-max".into());
+        }
+        let defaults = OutboxPolicy {
+            max_attempts: self.max_attempts,
+            backoff: BackoffPolicy {
+                base: self.backoff_base,
+                factor: self.backoff_factor,
+                cap: self.backoff_max,
+                jitter: self.backoff_jitter,
+            },
+            retention: self.retention,
+        };
+        let args = if self.outboxes.is_empty() {
+            vec![OutboxArg::from_str("default=public.outbox")?]
+        } else {
+            self.outboxes.clone()
+        };
+        let mut outboxes: Vec<OutboxSpec> = Vec::with_capacity(args.len());
+        for arg in &args {
+            if outboxes.iter().any(|o| o.name == arg.name) {
+                return Err(format!("--outbox {}: configured twice", arg.name));
+            }
+            let spec = arg.resolve(&defaults);
+            if spec.policy.backoff.base > spec.policy.backoff.cap {
+                return Err(format!("--outbox {}: backoff_base exceeds backoff_max", arg.name));
+            }
+            outboxes.push(spec);
+        }
+        Ok(DatabaseConfig {
+            connect,
+            display_url,
+            max_connections: self.db_max_connections,
+            acquire_timeout: self.db_acquire_timeout,
+            outboxes,
+        })
+    }
+}
+
+impl ServeArgs {
+    pub fn validate(&self) -> Result<Config, String> {
+        let database = self.database.validate()?;
+        if self.max_batch == 0 {
+            return Err("--max-batch must be at least 1".into());
+        }
+        if self.min_lease.is_zero() || self.min_lease > self.max_lease {
+            return Err("--min-lease must be positive and not exceed --max-lease".into());
+        }
+        if self.default_lease < self.min_lease || self.default_lease > self.max_lease {
+            return Err("--default-lease must lie between --min-lease and --max-lease".into());
+        }
+        for (flag, value) in [
+            ("--poll-interval", self.poll_interval),
+            ("--retention-interval", self.retention_interval),
+            ("--health-interval", self.health_interval),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{flag} must be positive"));
+            }
+        }
+        if self.retention_batch == 0 {
+            return Err("--retention-batch must be at least 1".into());
+        }
+        Ok(Config {
+            database,
+            listen: self.listen,
+            migrate: !self.no_migrate,
+            limits: Limits {
+                max_batch: self.max_batch,
+                default_lease: self.default_lease,
+                min_lease: self.min_lease,
+                max_lease: self.max_lease,
+                max_wait: self.max_wait,
+                ..Limits::default()
+            },
+            poll_interval: self.poll_interval,
+            retention_interval: self.retention_interval,
+            retention_batch: self.retention_batch,
+            health_interval: self.health_interval,
+            drain_timeout: self.drain_timeout,
+        })
+    }
+}
+
+/// Masks the password so the URL can be logged.
+fn redact(mut url: url::Url) -> String {
+    if url.password().is_some() {
+        let _ = url.set_password(Some("redacted"));
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["outboxd"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        cli.serve.validate()
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let config = serve(&["--database-url", "postgres://u:secret@db:5432/app"]).expect("valid");
+        assert_eq!(config.listen, "0.0.0.0:50051".parse().expect("addr"));
+        assert_eq!(config.limits.max_batch, 1000);
+        assert_eq!(config.limits.default_lease, Duration::from_secs(30));
+        assert_eq!(config.limits.max_wait, Duration::from_secs(20));
+        assert_eq!(config.poll_interval, Duration::from_millis(500));
+        assert_eq!(config.database.outboxes.len(), 1);
+        let default = &config.database.outboxes[0];
+        assert_eq!((default.name.as_str(), default.table.to_string()), ("default", "public.outbox".into()));
+        assert_eq!(default.policy.max_attempts, 10);
+        assert_eq!(default.policy.retention, Duration::from_secs(7 * 24 * 3600));
+        assert!(config.migrate);
+    }
+
+    #[test]
+    fn the_password_never_reaches_the_display_url() {
+        let config = serve(&["--database-url", "postgres://u:secret@db/app"]).expect("valid");
+        assert!(!config.database.display_url.contains("secret"));
+        assert!(config.database.display_url.contains("redacted"));
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_a_reason() {
+        let url = "postgres://localhost/app";
+        assert!(serve(&[]).expect_err("no url").contains("--database-url"));
+        assert!(serve(&["--database-url", "mysql://x/y"]).is_err());
+        assert!(serve(&["--database-url", url, "--max-batch", "0"]).is_err());
+        assert!(serve(&["--database-url", url, "--default-lease", "1h"]).is_err());
+        assert!(serve(&["--database-url", url, "--outbox", "a=public.x", "--outbox", "a=public.y"]).is_err());
+        assert!(serve(&["--database-url", url, "--poll-interval", "0"]).is_err());
+        assert!(serve(&["--database-url", url, "--outbox", "bad"]).is_err());
+    }
+
+    #[test]
+    fn several_outboxes_with_per_outbox_policy() {
+        let config = serve(&[
+            "--database-url",
+            "postgres://localhost/app",
+            "--outbox",
+            "default=public.outbox,orders=sales.outbox:max_attempts=3:retention=0",
+        ])
+        .expect("valid");
+        let orders = &config.database.outboxes[1];
+        assert_eq!(orders.policy.max_attempts, 3);
+        assert!(orders.policy.retention.is_zero());
+    }
+}

@@ -1,0 +1,17 @@
+//! The lease rules, free of tonic and sqlx: identifiers, request limits, the retry
+//! backoff, and how a settle attempt on one row turns into an outcome.
+//!
+//! `grpc` parses wire requests into these types and `store` executes them, so the
+//! rules are decided here once and unit-tested without a database.
+
+mod backoff;
+mod ids;
+mod outcome;
+mod request;
+
+pub use backoff::BackoffPolicy;
+pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
+pub use outcome::{MessageResult, Outcome, RowState, Settle};
+pub use request::{
+    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, NackRequest, StatsRequest,
+};

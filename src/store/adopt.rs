@@ -1,0 +1,219 @@
+//! Brings a configured table to the shape outboxd needs, adding only what is
+//! missing. Catalog checks come first, so a table that is already in shape costs
+//! no DDL and no lock at all: many replicas restart against a hot table daily.
+
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::StoreError;
+use crate::outbox::TableRef;
+
+/// Whether start-up may change a table or only check it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdoptMode {
+    /// Create the table if absent and add missing columns, indexes and trigger.
+    Create,
+    /// Check only (`--no-migrate`: a migration Job owns DDL); a gap is an error.
+    Verify,
+}
+
+/// Columns outboxd owns, with the definition used when a table lacks them.
+const SERVICE_COLUMNS: &[(&str, &str)] = &[
+    ("headers", "jsonb NOT NULL DEFAULT '{}'"),
+    ("seq", "bigint GENERATED ALWAYS AS IDENTITY"),
+    ("published_at", "timestamptz"),
+    ("attempts", "integer NOT NULL DEFAULT 0"),
+    ("available_at", "timestamptz NOT NULL DEFAULT now()"),
+    ("locked_until", "timestamptz"),
+    ("lease_id", "uuid"),
+    ("claimed_by", "text"),
+    ("claimed_at", "timestamptz"),
+    ("last_error", "text"),
+    ("dead_lettered_at", "timestamptz"),
+];
+
+/// Producer columns and the types outboxd can read them as (ids are read as text).
+const PRODUCER_COLUMNS: &[(&str, &[&str])] = &[
+    ("id", &["uuid"]),
+    ("aggregate_id", &["text", "uuid", "character varying"]),
+    ("event_type", &["text", "character varying"]),
+    ("payload", &["jsonb", "json"]),
+    ("created_at", &["timestamp with time zone"]),
+];
+
+/// Index suffix and definition, `{table}` standing for the quoted table.
+const INDEXES: &[(&str, &str)] = &[
+    (
+        "pending_idx",
+        "(seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+    ),
+    (
+        "lease_idx",
+        "(lease_id) WHERE lease_id IS NOT NULL AND published_at IS NULL",
+    ),
+    (
+        "published_idx",
+        "(published_at) WHERE published_at IS NOT NULL",
+    ),
+    (
+        "dead_letter_idx",
+        "(dead_lettered_at) WHERE dead_lettered_at IS NOT NULL",
+    ),
+];
+
+const TRIGGER: &str = "outboxd_notify";
+
+/// Serialises adoption across replicas starting at once (any constant works;
+/// this one spells "outboxd" in ASCII).
+const ADOPT_LOCK: i64 = 0x6f75_7462_6f78_64;
+
+pub(crate) async fn adopt(pool: &PgPool, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
+    let mut conn = pool.acquire().await?;
+    if mode == AdoptMode::Create {
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(ADOPT_LOCK)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let result = adopt_locked(&mut conn, table, mode).await;
+    if mode == AdoptMode::Create {
+        // Unlock even after a failure; a broken connection drops the lock anyway.
+        let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(ADOPT_LOCK)
+            .execute(&mut *conn)
+            .await;
+    }
+    result
+}
+
+async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
+    let quoted = table.quoted();
+    let missing_gap = |what: String| {
+        StoreError::Schema(format!(
+            "table {table} {what}; run `outboxd migrate` with this outbox configured, or start without --no-migrate"
+        ))
+    };
+
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(&quoted)
+        .fetch_one(&mut *conn)
+        .await?;
+    if exists.is_none() {
+        if mode == AdoptMode::Verify {
+            return Err(missing_gap("does not exist".into()));
+        }
+        tracing::info!(%table, "creating outbox table");
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {quoted} (\
+                id uuid PRIMARY KEY, aggregate_id text NOT NULL, event_type text NOT NULL, \
+                payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+    }
+
+    let columns: Vec<(String, String)> = sqlx::query(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute \
+         WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped",
+    )
+    .bind(&quoted)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|row| (row.get(0), row.get(1)))
+    .collect();
+    let type_of = |name: &str| columns.iter().find(|(c, _)| c == name).map(|(_, t)| t.as_str());
+
+    for (name, allowed) in PRODUCER_COLUMNS {
+        match type_of(name) {
+            None => {
+                return Err(StoreError::Schema(format!("table {table} has no column {name}")));
+            }
+            Some(found) if !allowed.contains(&found) => {
+                return Err(StoreError::Schema(format!(
+                    "table {table}: column {name} is {found}, expected one of {allowed:?}"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let missing: Vec<_> = SERVICE_COLUMNS
+        .iter()
+        .filter(|(name, _)| type_of(name).is_none())
+        .collect();
+    if !missing.is_empty() {
+        let names: Vec<_> = missing.iter().map(|(n, _)| *n).collect();
+        if mode == AdoptMode::Verify {
+            return Err(missing_gap(format!("lacks columns {names:?}")));
+        }
+        tracing::info!(%table, columns = ?names, "adopting table: adding columns");
+        let adds: Vec<String> = missing
+            .iter()
+            .map(|(name, def)| format!("ADD COLUMN IF NOT EXISTS {name} {def}"))
+            .collect();
+        // Adding `seq` rewrites the table under an exclusive lock; a bounded lock
+        // wait fails this start-up instead of queueing every producer behind it.
+        let ddl = format!(
+            "BEGIN; SET LOCAL lock_timeout = '10s'; ALTER TABLE {quoted} {}; COMMIT;",
+            adds.join(", ")
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+    }
+
+    for (suffix, definition) in INDEXES {
+        let name = table.object_name(suffix);
+        let valid: Option<bool> = sqlx::query_scalar(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+             WHERE i.indrelid = $1::regclass AND c.relname = $2",
+        )
+        .bind(&quoted)
+        .bind(&name)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if valid == Some(true) {
+            continue;
+        }
+        if mode == AdoptMode::Verify {
+            return Err(missing_gap(format!("lacks index {name}")));
+        }
+        let schema = table.schema();
+        if valid == Some(false) {
+            // Left behind by an interrupted CREATE INDEX CONCURRENTLY.
+            let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{schema}\".\"{name}\"");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut *conn).await?;
+        }
+        tracing::info!(%table, index = %name, "adopting table: creating index");
+        // CONCURRENTLY: producers keep inserting while a large table is indexed.
+        let ddl = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{name}\" ON {quoted} {definition}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+    }
+
+    let has_function: bool =
+        sqlx::query_scalar("SELECT to_regprocedure('outboxd_notify()') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await?;
+    if !has_function {
+        return Err(StoreError::Schema(
+            "function outboxd_notify() is missing: migrations have not run; run `outboxd migrate`".into(),
+        ));
+    }
+    let has_trigger: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)",
+    )
+    .bind(&quoted)
+    .bind(TRIGGER)
+    .fetch_one(&mut *conn)
+    .await?;
+    if !has_trigger {
+        if mode == AdoptMode::Verify {
+            return Err(missing_gap(format!("lacks trigger {TRIGGER}")));
+        }
+        tracing::info!(%table, "adopting table: creating notify trigger");
+        let ddl = format!(
+            "CREATE OR REPLACE TRIGGER {TRIGGER} AFTER INSERT ON {quoted} \
+             REFERENCING NEW TABLE AS outboxd_new_rows \
+             FOR EACH STATEMENT EXECUTE FUNCTION outboxd_notify()"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! `PgStore`: runs each outbox's statements on the shared pool.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, PgPool, Row, postgres::PgRow};
+use uuid::Uuid;
+
+use super::{
+    AdoptMode, ClaimedBatch, ClaimedMessage, ExpiredLease, Settled, Stats, StoreError, adopt,
+    statements::Statements,
+};
+use crate::{
+    lease::{
+        AckRequest, ClaimRequest, ExtendRequest, LeaseId, MessageId, MessageResult, NackRequest,
+        RowState, Settle,
+    },
+    outbox::{OutboxSpec, TableRef},
+};
+
+/// One configured outbox with its prepared SQL.
+#[derive(Debug)]
+struct Outbox {
+    spec: OutboxSpec,
+    sql: Statements,
+}
+
+/// The PostgreSQL store. Cheap to clone; all clones share one pool.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    outboxes: Arc<HashMap<String, Outbox>>,
+}
+
+impl PgStore {
+    /// Adopts (or verifies) every configured table and builds its statements.
+    pub async fn open(pool: PgPool, specs: &[OutboxSpec], mode: AdoptMode) -> Result<Self, StoreError> {
+        let mut outboxes = HashMap::new();
+        for spec in specs {
+            adopt::adopt(&pool, &spec.table, mode).await?;
+            let sql = Statements::new(&spec.table, spec.policy.retention.is_zero());
+            outboxes.insert(spec.name.clone(), Outbox { spec: spec.clone(), sql });
+        }
+        Ok(Self {
+            pool,
+            outboxes: Arc::new(outboxes),
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The configured outboxes.
+    pub fn specs(&self) -> impl Iterator<Item = &OutboxSpec> {
+        self.outboxes.values().map(|o| &o.spec)
+    }
+
+    pub fn contains(&self, outbox: &str) -> bool {
+        self.outboxes.contains_key(outbox)
+    }
+
+    /// Outbox names served by a table, for routing its notifications.
+    pub fn outboxes_of(&self, table: &TableRef) -> Vec<String> {
+        self.specs()
+            .filter(|s| &s.table == table)
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    fn outbox(&self, name: &str) -> Result<&Outbox, StoreError> {
+        self.outboxes
+            .get(name)
+            .ok_or_else(|| StoreError::UnknownOutbox(name.to_owned()))
+    }
+
+    /// Answers when the database does: the health check.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        let outbox = self.outbox(req.outbox.as_str())?;
+        let lease_id = LeaseId::generate();
+        let rows = sqlx::query(AssertSqlSafe(outbox.sql.claim.clone()))
+            .bind(i64::from(req.max_messages))
+            .bind(lease_id.as_uuid())
+            .bind(req.lease)
+            .bind(req.worker_id.as_str())
+            .bind(max_attempts(&outbox.spec))
+            .fetch_all(&self.pool)
+            .await?;
+
+        let mut batch = ClaimedBatch {
+            lease_id,
+            expires_at: None,
+            messages: Vec::with_capacity(rows.len()),
+            dead_lettered: Vec::new(),
+            expired_leases: Vec::new(),
+        };
+        for row in rows {
+            let id: Uuid = row.try_get("id")?;
+            if let Some(prev) = row.try_get::<Option<Uuid>, _>("prev_lease_id")? {
+                batch.expired_leases.push(ExpiredLease {
+                    message_id: id,
+                    lease_id: prev,
+                    worker_id: row.try_get("prev_claimed_by")?,
+                    claimed_at: row.try_get("prev_claimed_at")?,
+                });
+            }
+            if row.try_get("dead_lettered")? {
+                batch.dead_lettered.push(id);
+                continue;
+            }
+            batch.expires_at = row.try_get("locked_until")?;
+            batch.messages.push(claimed_message(id, &row)?);
+        }
+        batch.messages.sort_by_key(|m| m.sequence);
+        Ok(batch)
+    }
+
+    pub async fn ack(&self, req: &AckRequest) -> Result<Settled, StoreError> {
+        let outbox = self.outbox(req.outbox.as_str())?;
+        let rows = sqlx::query(AssertSqlSafe(outbox.sql.ack.clone()))
+            .bind(req.lease_id.as_uuid())
+            .bind(uuids(&req.message_ids))
+            .fetch_all(&self.pool)
+            .await?;
+        settle_results(Settle::Ack, &req.message_ids, &rows)
+    }
+
+    pub async fn nack(&self, req: &NackRequest) -> Result<Settled, StoreError> {
+        let outbox = self.outbox(req.outbox.as_str())?;
+        let policy = &outbox.spec.policy;
+        let schedule = policy
+            .backoff
+            .schedule(policy.max_attempts, &mut rand::rng());
+        let rows = sqlx::query(AssertSqlSafe(outbox.sql.nack.clone()))
+            .bind(req.lease_id.as_uuid())
+            .bind(uuids(&req.message_ids))
+            .bind(&req.error)
+            .bind(req.retry_after.map(|d| d.as_secs_f64()))
+            .bind(schedule)
+            .bind(req.dead_letter)
+            .bind(max_attempts(&outbox.spec))
+            .fetch_all(&self.pool)
+            .await?;
+        settle_results(Settle::Nack, &req.message_ids, &rows)
+    }
+
+    pub async fn extend(&self, req: &ExtendRequest) -> Result<Settled, StoreError> {
+        let outbox = self.outbox(req.outbox.as_str())?;
+        let sql = if req.message_ids.is_empty() {
+            &outbox.sql.extend_all
+        } else {
+            &outbox.sql.extend
+        };
+        let rows = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(req.lease_id.as_uuid())
+            .bind(uuids(&req.message_ids))
+            .bind(req.lease)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut settled = if req.message_ids.is_empty() {
+            let held: Vec<MessageId> = rows
+                .iter()
+                .map(|r| r.try_get::<Uuid, _>("id").map(MessageId::from))
+                .collect::<Result<_, _>>()?;
+            settle_results(Settle::Extend, &held, &rows)?
+        } else {
+            settle_results(Settle::Extend, &req.message_ids, &rows)?
+        };
+        settled.expires_at = match rows.first() {
+            Some(row) => row.try_get("expires_at")?,
+            None => None,
+        };
+        Ok(settled)
+    }
+
+    pub async fn stats(&self, outbox: &str) -> Result<Stats, StoreError> {
+        let outbox = self.outbox(outbox)?;
+        let row = sqlx::query(AssertSqlSafe(outbox.sql.stats.clone()))
+            .fetch_one(&self.pool)
+            .await?;
+        let count = |name: &str| -> Result<u64, sqlx::Error> {
+            Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
+        };
+        let age = |name: &str| -> Result<Duration, sqlx::Error> {
+            Ok(Duration::from_secs_f64(row.try_get::<f64, _>(name)?.max(0.0)))
+        };
+        Ok(Stats {
+            pending: count("pending")?,
+            in_flight: count("in_flight")?,
+            dead_lettered: count("dead_lettered")?,
+            oldest_pending_age: age("oldest_pending_secs")?,
+            oldest_lease_age: age("oldest_lease_secs")?,
+            published_retained: count("published_retained")?,
+        })
+    }
+
+    /// Deletes up to `limit` published rows older than the outbox's retention.
+    /// Returns how many went, so the caller keeps going while batches come back full.
+    pub async fn purge_published(&self, outbox: &str, limit: i64) -> Result<u64, StoreError> {
+        let outbox = self.outbox(outbox)?;
+        let done = sqlx::query(AssertSqlSafe(outbox.sql.purge.clone()))
+            .bind(outbox.spec.policy.retention)
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn max_attempts(spec: &OutboxSpec) -> i32 {
+    i32::try_from(spec.policy.max_attempts).unwrap_or(i32::MAX)
+}
+
+fn uuids(ids: &[MessageId]) -> Vec<Uuid> {
+    ids.iter().map(MessageId::as_uuid).collect()
+}
+
+fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> {
+    let headers: serde_json::Value = row.try_get("headers")?;
+    let attempts: i32 = row.try_get("attempts")?;
+    Ok(ClaimedMessage {
+        id,
+        aggregate_id: row.try_get("aggregate_id")?,
+        event_type: row.try_get("event_type")?,
+        payload: row.try_get("payload")?,
+        headers: header_map(headers),
+        created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+        attempt: u32::try_from(attempts).unwrap_or(0),
+        sequence: row.try_get("seq")?,
+    })
+}
+
+/// The row's `headers` object as strings. Producers may store any JSON there;
+/// non-string values are passed on as their JSON text rather than dropped.
+fn header_map(headers: serde_json::Value) -> BTreeMap<String, String> {
+    match headers {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// One result per requested id, in request order, from the rows the settle
+/// statement returned (ids it did not return do not exist in the outbox).
+fn settle_results(settle: Settle, requested: &[MessageId], rows: &[PgRow]) -> Result<Settled, StoreError> {
+    let mut seen = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id: Uuid = row.try_get("id")?;
+        let state = RowState {
+            held: row.try_get("held")?,
+            published: row.try_get("published")?,
+            dead_lettered: row.try_get("dead_lettered")?,
+        };
+        let applied: bool = row.try_get("applied")?;
+        let dead_now: bool = row.try_get("dead_lettered_now")?;
+        seen.insert(id, (state, applied, dead_now));
+    }
+    // A repeated id was settled once; every copy reports that one outcome.
+    let results = requested
+        .iter()
+        .map(|id| {
+            let (outcome, detail) = match seen.get(&id.as_uuid()) {
+                Some(&(state, applied, dead_now)) => settle.outcome(Some(state), applied, dead_now),
+                None => settle.outcome(None, false, false),
+            };
+            MessageResult {
+                message_id: *id,
+                outcome,
+                detail: detail.to_owned(),
+            }
+        })
+        .collect();
+    Ok(Settled {
+        results,
+        expires_at: None,
+    })
+}

@@ -1,0 +1,45 @@
+-- Leases up to $1 claimable rows in one autocommit statement.
+-- $1 batch size, $2 lease id, $3 lease duration, $4 worker id, $5 max attempts.
+--
+-- A row past max attempts is dead-lettered instead of handed out, so a worker
+-- that crashes on a poison message cannot loop on it forever. The previous lease
+-- (if it expired unsettled) comes back too, so its lease span can be closed.
+WITH candidates AS (
+    SELECT id,
+           lease_id   AS prev_lease_id,
+           claimed_by AS prev_claimed_by,
+           claimed_at AS prev_claimed_at
+    FROM {table}
+    WHERE published_at IS NULL
+      AND dead_lettered_at IS NULL
+      AND available_at <= now()
+      AND (locked_until IS NULL OR locked_until <= now())
+    ORDER BY seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS o
+SET attempts         = CASE WHEN o.attempts >= $5 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_id         = CASE WHEN o.attempts >= $5 THEN NULL ELSE $2::uuid END,
+    locked_until     = CASE WHEN o.attempts >= $5 THEN NULL ELSE now() + $3::interval END,
+    claimed_by       = CASE WHEN o.attempts >= $5 THEN o.claimed_by ELSE $4::text END,
+    claimed_at       = CASE WHEN o.attempts >= $5 THEN o.claimed_at ELSE now() END,
+    dead_lettered_at = CASE WHEN o.attempts >= $5 THEN now() END,
+    last_error       = CASE WHEN o.attempts >= $5
+                            THEN 'max attempts reached; last error: ' || coalesce(o.last_error, 'lease expired')
+                            ELSE o.last_error END
+FROM candidates AS c
+WHERE o.id = c.id
+RETURNING o.id,
+          o.aggregate_id::text AS aggregate_id,
+          o.event_type,
+          o.payload::text AS payload,
+          o.headers,
+          o.created_at,
+          o.attempts,
+          o.seq,
+          o.locked_until,
+          o.dead_lettered_at IS NOT NULL AS dead_lettered,
+          c.prev_lease_id,
+          c.prev_claimed_by,
+          c.prev_claimed_at

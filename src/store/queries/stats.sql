@@ -1,0 +1,14 @@
+-- One pass over the pending rows (partial index), plus the two history counts.
+-- Ages are by the database clock. A row waiting out a nack backoff is not
+-- counted in the oldest pending age: nothing is stuck while it waits.
+SELECT count(*) AS pending,
+       count(*) FILTER (WHERE locked_until > now()) AS in_flight,
+       coalesce(extract(epoch FROM now() - min(created_at)
+           FILTER (WHERE available_at <= now() OR locked_until > now())), 0)::float8
+           AS oldest_pending_secs,
+       coalesce(extract(epoch FROM now() - min(claimed_at)
+           FILTER (WHERE locked_until > now())), 0)::float8 AS oldest_lease_secs,
+       (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL) AS dead_lettered,
+       (SELECT count(*) FROM {table} WHERE published_at IS NOT NULL) AS published_retained
+FROM {table}
+WHERE published_at IS NULL AND dead_lettered_at IS NULL

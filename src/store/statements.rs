@@ -1,0 +1,76 @@
+//! Per-outbox SQL, built once at start from the files in `queries/`. The table
+//! name is the only thing spliced in, and it is a validated, quoted identifier.
+
+use std::sync::Arc;
+
+use crate::outbox::TableRef;
+
+const CLAIM: &str = include_str!("queries/claim.sql");
+const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
+const ACK: &str = include_str!("queries/ack.sql");
+const ACK_DELETE: &str = include_str!("queries/ack_delete.sql");
+const NACK: &str = include_str!("queries/nack.sql");
+const EXTEND: &str = include_str!("queries/extend.sql");
+const STATS: &str = include_str!("queries/stats.sql");
+const PURGE: &str = include_str!("queries/purge.sql");
+
+const BY_ID: &str = "id = ANY($2::uuid[])";
+/// ExtendLease without ids: every row still held under the lease.
+const BY_LEASE: &str = "lease_id = $1::uuid AND published_at IS NULL AND dead_lettered_at IS NULL \
+                        AND cardinality($2::uuid[]) = 0";
+
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    pub claim: Arc<str>,
+    pub ack: Arc<str>,
+    pub nack: Arc<str>,
+    pub extend: Arc<str>,
+    pub extend_all: Arc<str>,
+    pub stats: Arc<str>,
+    pub purge: Arc<str>,
+}
+
+impl Statements {
+    /// `delete_on_ack`: zero retention, so an ack deletes the row.
+    pub fn new(table: &TableRef, delete_on_ack: bool) -> Self {
+        let quoted = table.quoted();
+        let build = |sql: &str| -> Arc<str> { strip_comments(&sql.replace("{table}", &quoted)).into() };
+        let settle = |filter: &str, tail: &str| build(&format!("{}\n{}", SETTLE_ROWS.replace("{filter}", filter), tail));
+        Self {
+            claim: build(CLAIM),
+            ack: settle(BY_ID, if delete_on_ack { ACK_DELETE } else { ACK }),
+            nack: settle(BY_ID, NACK),
+            extend: settle(BY_ID, EXTEND),
+            extend_all: settle(BY_LEASE, EXTEND),
+            stats: build(STATS),
+            purge: build(PURGE),
+        }
+    }
+}
+
+/// Drops `--` comment lines, so the statements in `pg_stat_statements` and in
+/// logs are the SQL alone.
+fn strip_comments(sql: &str) -> String {
+    sql.lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_name_the_quoted_table_and_no_placeholders() {
+        let table = TableRef::new("sales", "outbox").expect("valid");
+        let s = Statements::new(&table, false);
+        for sql in [&s.claim, &s.ack, &s.nack, &s.extend, &s.extend_all, &s.stats, &s.purge] {
+            assert!(sql.contains("\"sales\".\"outbox\""), "{sql}");
+            assert!(!sql.contains('{'), "{sql}");
+            assert!(!sql.contains("--"), "{sql}");
+        }
+        assert!(s.ack.contains("UPDATE"));
+        assert!(Statements::new(&table, true).ack.contains("DELETE"));
+    }
+}
