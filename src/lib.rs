@@ -18,6 +18,7 @@ mod error;
 pub mod grpc;
 pub mod lease;
 pub mod outbox;
+pub mod relay;
 pub mod server;
 pub mod service;
 pub mod shutdown;

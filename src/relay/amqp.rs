@@ -1,0 +1,228 @@
+//! RabbitMQ with lapin: one shared connection per process, one confirm-mode
+//! channel per in-flight slot, reconnected on demand after any failure.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
+    options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions},
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+};
+use tokio::sync::Mutex;
+
+use super::{
+    config::{RelayConfig, RoutingKey, redact_url},
+    publisher::{Delivery, Publisher},
+};
+use crate::grpc::pb::OutboxMessage;
+
+/// The process's broker connection, shared by every slot.
+#[derive(Debug)]
+pub struct Broker {
+    url: String,
+    exchange: String,
+    declare: bool,
+    routing_key: RoutingKey,
+    confirm_timeout: Duration,
+    connection: Mutex<Option<Arc<Connection>>>,
+    /// Last reported state, so each change is logged once, not each retry.
+    up: AtomicBool,
+}
+
+impl Broker {
+    pub fn new(config: &RelayConfig) -> Arc<Self> {
+        Arc::new(Self {
+            url: config.amqp_url.clone(),
+            exchange: config.exchange.clone(),
+            declare: config.declare,
+            routing_key: config.routing_key.clone(),
+            confirm_timeout: config.confirm_timeout,
+            connection: Mutex::new(None),
+            up: AtomicBool::new(false),
+        })
+    }
+
+    /// A publisher for one slot.
+    pub fn publisher(self: &Arc<Self>) -> AmqpPublisher {
+        AmqpPublisher {
+            broker: Arc::clone(self),
+            channel: None,
+        }
+    }
+
+    async fn connection(&self) -> Result<Arc<Connection>, String> {
+        let mut slot = self.connection.lock().await;
+        if let Some(conn) = slot.as_ref().filter(|c| c.status().connected()) {
+            return Ok(Arc::clone(conn));
+        }
+        if slot.take().is_some() {
+            self.report(false, "connection lost");
+        }
+        match Connection::connect(&self.url, ConnectionProperties::default()).await {
+            Ok(conn) => {
+                let conn = Arc::new(conn);
+                *slot = Some(Arc::clone(&conn));
+                self.report(true, "connected");
+                Ok(conn)
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                self.report(false, &reason);
+                Err(reason)
+            }
+        }
+    }
+
+    fn report(&self, up: bool, detail: &str) {
+        if self.up.swap(up, Ordering::Relaxed) != up {
+            let broker = redact_url(&self.url);
+            if up {
+                tracing::info!(%broker, "RabbitMQ {detail}");
+            } else {
+                tracing::warn!(%broker, reason = detail, "RabbitMQ unavailable; holding claims until it is back");
+            }
+        }
+    }
+
+    fn properties(&self, m: &OutboxMessage) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        // Producer headers first, so ours win on a clash.
+        for (key, value) in &m.headers {
+            headers.insert(
+                ShortString::from(key.as_str()),
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        headers.insert(
+            "x-aggregate-id".into(),
+            AMQPValue::LongString(LongString::from(m.aggregate_id.as_str())),
+        );
+        headers.insert(
+            "x-outbox-attempt".into(),
+            AMQPValue::LongLongInt(i64::from(m.attempt)),
+        );
+        headers.insert(
+            "x-outbox-sequence".into(),
+            AMQPValue::LongLongInt(m.sequence),
+        );
+        let mut props = BasicProperties::default()
+            .with_message_id(m.id.as_str().into())
+            .with_type(m.event_type.as_str().into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        if let Some(created) = &m.created_at {
+            props = props.with_timestamp(u64::try_from(created.seconds).unwrap_or(0));
+        }
+        props
+    }
+}
+
+/// One slot's confirm-mode channel.
+#[derive(Debug)]
+pub struct AmqpPublisher {
+    broker: Arc<Broker>,
+    channel: Option<Channel>,
+}
+
+impl AmqpPublisher {
+    async fn channel(&mut self) -> Result<Channel, String> {
+        if let Some(channel) = self.channel.as_ref().filter(|c| c.status().connected()) {
+            return Ok(channel.clone());
+        }
+        self.channel = None;
+        let conn = self.broker.connection().await?;
+        let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        if self.broker.declare {
+            channel
+                .exchange_declare(
+                    self.broker.exchange.as_str().into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        self.channel = Some(channel.clone());
+        Ok(channel)
+    }
+}
+
+impl Publisher for AmqpPublisher {
+    async fn ready(&mut self) -> Result<(), String> {
+        self.channel().await.map(|_| ())
+    }
+
+    async fn publish(&mut self, batch: &[OutboxMessage]) -> Vec<Delivery> {
+        let channel = match self.channel().await {
+            Ok(channel) => channel,
+            Err(reason) => return vec![Delivery::Failed(reason); batch.len()],
+        };
+        // Send everything first; confirms are awaited afterwards.
+        let mut pending: Vec<Result<PublisherConfirm, String>> = Vec::with_capacity(batch.len());
+        for m in batch {
+            let routing_key = self
+                .broker
+                .routing_key
+                .render(&m.event_type, &m.aggregate_id);
+            let sent = channel
+                .basic_publish(
+                    self.broker.exchange.as_str().into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &m.payload,
+                    self.broker.properties(m),
+                )
+                .await
+                .map_err(|e| e.to_string());
+            pending.push(sent);
+        }
+        let deadline = tokio::time::Instant::now() + self.broker.confirm_timeout;
+        let mut deliveries = Vec::with_capacity(batch.len());
+        for sent in pending {
+            let delivery = match sent {
+                Err(reason) => Delivery::Failed(reason),
+                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                    Err(_) => Delivery::Failed("publisher confirm timed out".into()),
+                    Ok(Err(err)) => Delivery::Failed(err.to_string()),
+                    Ok(Ok(Confirmation::Ack(None))) => Delivery::Confirmed,
+                    Ok(Ok(Confirmation::Ack(Some(returned)))) => Delivery::Rejected(format!(
+                        "returned by broker: {} {}",
+                        returned.reply_code, returned.reply_text
+                    )),
+                    Ok(Ok(Confirmation::Nack(returned))) => Delivery::Rejected(match returned {
+                        Some(r) => format!("nacked by broker: {} {}", r.reply_code, r.reply_text),
+                        None => "nacked by broker".into(),
+                    }),
+                    Ok(Ok(Confirmation::NotRequested)) => {
+                        Delivery::Failed("channel is not in confirm mode".into())
+                    }
+                },
+            };
+            deliveries.push(delivery);
+        }
+        if deliveries.iter().any(|d| matches!(d, Delivery::Failed(_))) {
+            // Whatever failed may have broken the channel: start afresh next time.
+            self.channel = None;
+        }
+        deliveries
+    }
+}

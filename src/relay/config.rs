@@ -1,0 +1,262 @@
+//! The relay's flags, each with an env var, validated before anything connects.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::{config::LogArgs, outbox::parse_duration};
+
+/// outbox-relay: claims from outboxd, publishes to RabbitMQ with confirms, acks.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about, long_about = None)]
+pub struct RelayArgs {
+    /// outboxd gRPC endpoint.
+    #[arg(long, env = "OUTBOX_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub server: String,
+
+    /// Outbox to relay.
+    #[arg(long, env = "OUTBOX_RELAY_OUTBOX", default_value = "default")]
+    pub outbox: String,
+
+    /// RabbitMQ URL (amqp:// or amqps://). Never logged with its password.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+
+    /// Exchange to publish to; declared durable `topic` unless --no-declare.
+    #[arg(long, env = "OUTBOX_RELAY_EXCHANGE", default_value = "outbox")]
+    pub exchange: String,
+
+    /// Do not declare the exchange (it is managed elsewhere).
+    #[arg(long, env = "OUTBOX_RELAY_NO_DECLARE")]
+    pub no_declare: bool,
+
+    /// Routing key template; placeholders {event_type} and {aggregate_id}.
+    #[arg(long, env = "OUTBOX_RELAY_ROUTING_KEY", default_value = "{event_type}")]
+    pub routing_key: String,
+
+    /// Messages claimed per batch.
+    #[arg(long, env = "OUTBOX_RELAY_BATCH_SIZE", default_value_t = 100)]
+    pub batch_size: u32,
+
+    /// Lease asked for each batch; extended while publishing runs past half of it.
+    #[arg(long, env = "OUTBOX_RELAY_LEASE", value_parser = parse_duration, default_value = "30s")]
+    pub lease: Duration,
+
+    /// In-flight batches per process.
+    #[arg(long, env = "OUTBOX_RELAY_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: usize,
+
+    /// Recorded on claimed rows. Default: host name and process id.
+    #[arg(long, env = "OUTBOX_RELAY_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// How long to wait for the broker's confirms of a batch before releasing it.
+    #[arg(long, env = "OUTBOX_RELAY_CONFIRM_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
+    pub confirm_timeout: Duration,
+
+    /// Long-poll wait per claim when the outbox is empty.
+    #[arg(long, env = "OUTBOX_RELAY_WAIT", value_parser = parse_duration, default_value = "20s")]
+    pub wait: Duration,
+
+    /// After SIGTERM, how long in-flight batches may take to publish and ack.
+    #[arg(long, env = "OUTBOX_RELAY_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
+    pub drain_timeout: Duration,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// A parsed routing-key template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingKey(Vec<Part>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    EventType,
+    AggregateId,
+}
+
+impl RoutingKey {
+    pub fn parse(template: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(start) = rest.find('{') {
+            if start > 0 {
+                parts.push(Part::Text(rest[..start].to_owned()));
+            }
+            let end = rest[start..]
+                .find('}')
+                .ok_or_else(|| format!("routing key {template:?}: unclosed '{{'"))?;
+            parts.push(match &rest[start + 1..start + end] {
+                "event_type" => Part::EventType,
+                "aggregate_id" => Part::AggregateId,
+                other => {
+                    return Err(format!(
+                        "routing key {template:?}: unknown placeholder {{{other}}} (use {{event_type}} or {{aggregate_id}})"
+                    ));
+                }
+            });
+            rest = &rest[start + end + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!("routing key {template:?}: stray '}}'"));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Text(rest.to_owned()));
+        }
+        Ok(Self(parts))
+    }
+
+    pub fn render(&self, event_type: &str, aggregate_id: &str) -> String {
+        self.0
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.as_str(),
+                Part::EventType => event_type,
+                Part::AggregateId => aggregate_id,
+            })
+            .collect()
+    }
+}
+
+/// The relay's settings, validated.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub server: String,
+    pub outbox: String,
+    pub amqp_url: String,
+    pub exchange: String,
+    pub declare: bool,
+    pub routing_key: RoutingKey,
+    pub batch_size: u32,
+    pub lease: Duration,
+    pub concurrency: usize,
+    pub worker_id: String,
+    pub confirm_timeout: Duration,
+    pub wait: Duration,
+    pub drain_timeout: Duration,
+}
+
+impl RelayArgs {
+    pub fn validate(&self) -> Result<RelayConfig, String> {
+        let server = url::Url::parse(&self.server)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                format!(
+                    "--server {:?} must be an http:// or https:// URL",
+                    self.server
+                )
+            })?;
+        let amqp = url::Url::parse(&self.amqp_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
+            .ok_or("--amqp-url must be an amqp:// or amqps:// URL")?;
+        drop(amqp);
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err("--batch-size must be between 1 and 10000".into());
+        }
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err("--concurrency must be between 1 and 1024".into());
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err("--lease must be at least 1s".into());
+        }
+        if self.confirm_timeout.is_zero() {
+            return Err("--confirm-timeout must be positive".into());
+        }
+        let worker_id = match &self.worker_id {
+            Some(id) if !id.trim().is_empty() && id.chars().count() <= 200 => id.clone(),
+            Some(_) => return Err("--worker-id must be 1-200 characters".into()),
+            None => format!(
+                "{}-{}",
+                gethostname::gethostname().to_string_lossy(),
+                std::process::id()
+            ),
+        };
+        Ok(RelayConfig {
+            server: {
+                drop(server);
+                self.server.clone()
+            },
+            outbox: self.outbox.clone(),
+            amqp_url: self.amqp_url.clone(),
+            exchange: self.exchange.clone(),
+            declare: !self.no_declare,
+            routing_key: RoutingKey::parse(&self.routing_key)?,
+            batch_size: self.batch_size,
+            lease: self.lease,
+            concurrency: self.concurrency,
+            worker_id,
+            confirm_timeout: self.confirm_timeout,
+            wait: self.wait,
+            drain_timeout: self.drain_timeout,
+        })
+    }
+}
+
+/// The URL with its password masked, for logs.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some("redacted"));
+            }
+            url.to_string()
+        }
+        Err(_) => "<invalid url>".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_key_templates() {
+        let key = RoutingKey::parse("{event_type}").expect("valid");
+        assert_eq!(key.render("order.created", "a1"), "order.created");
+        let key = RoutingKey::parse("orders.{aggregate_id}.{event_type}!").expect("valid");
+        assert_eq!(key.render("created", "42"), "orders.42.created!");
+        assert_eq!(
+            RoutingKey::parse("fixed").expect("valid").render("x", "y"),
+            "fixed"
+        );
+        for bad in ["{event", "{nope}", "a}b"] {
+            assert!(RoutingKey::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let args = RelayArgs::try_parse_from(["outbox-relay"]).expect("parses");
+        let config = args.validate().expect("valid");
+        assert_eq!(config.server, "http://127.0.0.1:50051");
+        assert_eq!(config.outbox, "default");
+        assert_eq!(config.exchange, "outbox");
+        assert!(config.declare);
+        assert_eq!(config.batch_size, 100);
+        assert_eq!(config.lease, Duration::from_secs(30));
+        assert_eq!(config.concurrency, 4);
+        assert!(
+            config
+                .worker_id
+                .ends_with(&format!("-{}", std::process::id()))
+        );
+    }
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:redacted@host:5672/%2f"
+        );
+    }
+}

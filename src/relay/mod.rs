@@ -1,0 +1,63 @@
+//! outbox-relay, the reference worker: claims leased batches from outboxd,
+//! publishes them to RabbitMQ with publisher confirms and `mandatory`, and acks
+//! what the broker confirmed. At-least-once: a crash at any point leaves the
+//! messages to lease expiry and redelivery, never to loss.
+
+mod amqp;
+pub mod config;
+mod leases;
+mod publisher;
+mod worker;
+
+use std::sync::Arc;
+
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+pub use amqp::{AmqpPublisher, Broker};
+pub use config::{RelayArgs, RelayConfig};
+pub use leases::{GrpcLeases, Leases};
+pub use publisher::{Delivery, Publisher};
+pub use worker::{ServerLink, Settings, Worker};
+
+/// Runs `concurrency` slots until `stop`, then gives in-flight batches until the
+/// drain timeout to publish and settle. What is left then expires with its lease.
+pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result<()> {
+    let leases = GrpcLeases::connect_lazy(&config.server).map_err(anyhow::Error::msg)?;
+    let broker = Broker::new(&config);
+    let settings = Arc::new(Settings {
+        outbox: config.outbox.clone(),
+        worker_id: config.worker_id.clone(),
+        batch_size: config.batch_size,
+        lease: config.lease,
+        wait: config.wait,
+    });
+    let server = Arc::new(ServerLink::default());
+    let tasks = TaskTracker::new();
+    for _ in 0..config.concurrency {
+        let worker = Worker::new(
+            leases.clone(),
+            broker.publisher(),
+            Arc::clone(&settings),
+            Arc::clone(&server),
+        );
+        tasks.spawn(worker.run(stop.clone()));
+    }
+    tasks.close();
+    tracing::info!(
+        server = %config.server,
+        outbox = %config.outbox,
+        exchange = %config.exchange,
+        worker_id = %config.worker_id,
+        concurrency = config.concurrency,
+        "relaying"
+    );
+    stop.cancelled().await;
+    tracing::info!(timeout = ?config.drain_timeout, "stopped claiming; finishing in-flight batches");
+    if tokio::time::timeout(config.drain_timeout, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out; unfinished batches are left to lease expiry");
+    }
+    Ok(())
+}

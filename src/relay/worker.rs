@@ -1,0 +1,302 @@
+//! One in-flight slot: claim (long-poll) → publish with confirms → ack the
+//! confirmed, nack the rest → again. Never acks what the broker did not confirm.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+
+use super::{
+    leases::Leases,
+    publisher::{Delivery, Publisher},
+};
+use crate::{grpc::pb, lease::BackoffPolicy};
+
+/// What every slot of a relay process shares.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub outbox: String,
+    pub worker_id: String,
+    pub batch_size: u32,
+    pub lease: Duration,
+    pub wait: Duration,
+}
+
+/// outboxd's reachability as last reported, so each change is logged once.
+#[derive(Debug)]
+pub struct ServerLink {
+    up: AtomicBool,
+}
+
+impl Default for ServerLink {
+    fn default() -> Self {
+        // Assume up: the first failure is then a change worth a line.
+        Self {
+            up: AtomicBool::new(true),
+        }
+    }
+}
+
+impl ServerLink {
+    fn up(&self) {
+        if !self.up.swap(true, Ordering::Relaxed) {
+            tracing::info!("outboxd reachable again");
+        }
+    }
+
+    fn down(&self, status: &Status) {
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(code = ?status.code(), message = status.message(), "outboxd unavailable; retrying with backoff");
+        }
+    }
+}
+
+/// Capped exponential backoff for reconnects and retried calls.
+const RETRY: BackoffPolicy = BackoffPolicy {
+    base: Duration::from_millis(200),
+    factor: 2.0,
+    cap: Duration::from_secs(10),
+    jitter: 0.2,
+};
+
+/// Released messages that never reached the broker come back this soon.
+const FAILED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+pub struct Worker<L, P> {
+    leases: L,
+    publisher: P,
+    settings: Arc<Settings>,
+    server: Arc<ServerLink>,
+}
+
+impl<L: Leases, P: Publisher> Worker<L, P> {
+    pub fn new(leases: L, publisher: P, settings: Arc<Settings>, server: Arc<ServerLink>) -> Self {
+        Self {
+            leases,
+            publisher,
+            settings,
+            server,
+        }
+    }
+
+    /// Runs until `stop`; a batch already claimed is published and settled first.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut failures = 0u32;
+        while !stop.is_cancelled() {
+            if self.publisher.ready().await.is_err() {
+                failures += 1;
+                let delay = RETRY.delay(failures, &mut rand::rng());
+                if pause(&stop, delay).await {
+                    break;
+                }
+                continue;
+            }
+            let claim = tokio::select! {
+                () = stop.cancelled() => break,
+                claim = self.leases.claim(self.claim_request()) => claim,
+            };
+            let batch = match claim {
+                Ok(batch) => {
+                    self.server.up();
+                    failures = 0;
+                    batch
+                }
+                Err(status) => {
+                    if is_transient(&status) {
+                        self.server.down(&status);
+                    } else {
+                        tracing::error!(code = ?status.code(), message = status.message(), "claim refused; check the relay's configuration");
+                    }
+                    failures += 1;
+                    let delay = RETRY.delay(failures, &mut rand::rng());
+                    if pause(&stop, delay).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if !batch.messages.is_empty() {
+                self.relay(batch).await;
+            }
+        }
+    }
+
+    fn claim_request(&self) -> pb::ClaimBatchRequest {
+        pb::ClaimBatchRequest {
+            outbox: self.settings.outbox.clone(),
+            worker_id: self.settings.worker_id.clone(),
+            max_messages: self.settings.batch_size,
+            lease_duration: Some(proto_duration(self.settings.lease)),
+            wait: Some(proto_duration(self.settings.wait)),
+        }
+    }
+
+    /// Publishes one claimed batch, extending its lease while that runs long,
+    /// then acks what the broker confirmed and nacks the rest.
+    async fn relay(&mut self, batch: pb::ClaimBatchResponse) {
+        let lease_id = batch.lease_id.clone();
+        let half = self.settings.lease / 2;
+        let deliveries = {
+            let publish = self.publisher.publish(&batch.messages);
+            tokio::pin!(publish);
+            let mut next = Instant::now() + half;
+            loop {
+                tokio::select! {
+                    deliveries = &mut publish => break deliveries,
+                    () = tokio::time::sleep_until(next) => {
+                        extend(&self.leases, &self.settings, &lease_id).await;
+                        next += half;
+                    }
+                }
+            }
+        };
+
+        let mut acks = Vec::new();
+        // (reason, retry_after) -> ids: one Nack per distinct reason.
+        let mut nacks: BTreeMap<(String, Option<Duration>), Vec<String>> = BTreeMap::new();
+        for (message, delivery) in batch.messages.iter().zip(deliveries) {
+            match delivery {
+                Delivery::Confirmed => acks.push(message.id.clone()),
+                Delivery::Rejected(reason) => nacks
+                    .entry((reason, None))
+                    .or_default()
+                    .push(message.id.clone()),
+                Delivery::Failed(reason) => nacks
+                    .entry((reason, Some(FAILED_RETRY_AFTER)))
+                    .or_default()
+                    .push(message.id.clone()),
+            }
+        }
+        // A publisher that answered for fewer messages than it was given: the
+        // rest are unconfirmed, so they are released, never acked.
+        let answered = acks.len() + nacks.values().map(Vec::len).sum::<usize>();
+        if answered < batch.messages.len() {
+            let missing = batch.messages[answered..].iter().map(|m| m.id.clone());
+            nacks
+                .entry(("publisher gave no outcome".into(), Some(FAILED_RETRY_AFTER)))
+                .or_default()
+                .extend(missing);
+        }
+
+        let give_up = Instant::now() + self.settings.lease * 2;
+        if !acks.is_empty() {
+            let count = acks.len();
+            let req = pb::AckRequest {
+                outbox: self.settings.outbox.clone(),
+                lease_id: lease_id.clone(),
+                message_ids: acks,
+            };
+            if let Some(resp) = retry(give_up, || self.leases.ack(req.clone())).await {
+                report("ack", &lease_id, count, &resp.results);
+            }
+        }
+        for ((reason, retry_after), ids) in nacks {
+            tracing::warn!(lease_id = %lease_id, count = ids.len(), reason = %reason, "releasing unpublished messages");
+            let count = ids.len();
+            let req = pb::NackRequest {
+                outbox: self.settings.outbox.clone(),
+                lease_id: lease_id.clone(),
+                message_ids: ids,
+                error: reason,
+                retry_after: retry_after.map(proto_duration),
+                dead_letter: false,
+            };
+            if let Some(resp) = retry(give_up, || self.leases.nack(req.clone())).await {
+                report("nack", &lease_id, count, &resp.results);
+            }
+        }
+    }
+}
+
+async fn extend<L: Leases>(leases: &L, settings: &Settings, lease_id: &str) {
+    let req = pb::ExtendLeaseRequest {
+        outbox: settings.outbox.clone(),
+        lease_id: lease_id.to_owned(),
+        message_ids: Vec::new(),
+        lease_duration: Some(proto_duration(settings.lease)),
+    };
+    match leases.extend(req).await {
+        Ok(resp) => tracing::debug!(
+            lease_id,
+            extended = resp.results.len(),
+            "lease extended while publishing"
+        ),
+        Err(status) => {
+            tracing::warn!(lease_id, code = ?status.code(), "could not extend lease; publishing on")
+        }
+    }
+}
+
+/// Retries a settle call on transient errors until `give_up`. Past that the
+/// lease has long expired and another worker owns the messages.
+async fn retry<T, F, Fut>(give_up: Instant, mut call: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Ok(value) => return Some(value),
+            Err(status) if is_transient(&status) && Instant::now() < give_up => {
+                attempt += 1;
+                let delay = RETRY.delay(attempt, &mut rand::rng());
+                tokio::time::sleep(delay).await;
+            }
+            Err(status) => {
+                tracing::error!(code = ?status.code(), message = status.message(), "settle failed; the lease will expire and the messages be redelivered");
+                return None;
+            }
+        }
+    }
+}
+
+fn report(what: &str, lease_id: &str, count: usize, results: &[pb::MessageResult]) {
+    let lost = results
+        .iter()
+        .filter(|r| r.outcome() == pb::Outcome::LeaseLost)
+        .count();
+    if lost > 0 {
+        tracing::warn!(
+            lease_id,
+            lost,
+            "{what}: lease lost for some messages; they will be delivered again"
+        );
+    }
+    tracing::debug!(lease_id, count, "{what} done");
+}
+
+fn is_transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
+
+/// Sleeps unless stopped first; true when stopped.
+async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        () = stop.cancelled() => true,
+        () = tokio::time::sleep(delay) => false,
+    }
+}
+
+fn proto_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
