@@ -300,3 +300,223 @@ fn proto_duration(d: Duration) -> prost_types::Duration {
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::VecDeque,
+        sync::{Arc, Mutex},
+    };
+
+    use super::*;
+
+    /// Hands out scripted claim results and records every settle call.
+    #[derive(Clone, Default)]
+    struct FakeLeases(Arc<Mutex<Script>>);
+
+    #[derive(Default)]
+    struct Script {
+        claims: VecDeque<Result<pb::ClaimBatchResponse, Status>>,
+        acks: Vec<pb::AckRequest>,
+        nacks: Vec<pb::NackRequest>,
+        extends: Vec<Instant>,
+        stop_when_empty: Option<CancellationToken>,
+    }
+
+    impl FakeLeases {
+        fn script<T>(&self, f: impl FnOnce(&mut Script) -> T) -> T {
+            f(&mut self.0.lock().expect("fake lock"))
+        }
+    }
+
+    impl Leases for FakeLeases {
+        async fn claim(&self, _: pb::ClaimBatchRequest) -> Result<pb::ClaimBatchResponse, Status> {
+            let next = self.script(|s| {
+                let next = s.claims.pop_front();
+                if s.claims.is_empty() {
+                    if let Some(stop) = &s.stop_when_empty {
+                        stop.cancel();
+                    }
+                }
+                next
+            });
+            next.unwrap_or_else(|| Ok(pb::ClaimBatchResponse::default()))
+        }
+
+        async fn ack(&self, req: pb::AckRequest) -> Result<pb::AckResponse, Status> {
+            let results = req
+                .message_ids
+                .iter()
+                .map(|id| pb::MessageResult {
+                    message_id: id.clone(),
+                    outcome: pb::Outcome::Ok.into(),
+                    detail: String::new(),
+                })
+                .collect();
+            self.script(|s| s.acks.push(req));
+            Ok(pb::AckResponse { results })
+        }
+
+        async fn nack(&self, req: pb::NackRequest) -> Result<pb::NackResponse, Status> {
+            self.script(|s| s.nacks.push(req));
+            Ok(pb::NackResponse::default())
+        }
+
+        async fn extend(
+            &self,
+            _: pb::ExtendLeaseRequest,
+        ) -> Result<pb::ExtendLeaseResponse, Status> {
+            self.script(|s| s.extends.push(Instant::now()));
+            Ok(pb::ExtendLeaseResponse::default())
+        }
+    }
+
+    /// Answers each message by a rule on its event type, after a delay.
+    struct FakePublisher {
+        delay: Duration,
+        answer: fn(&pb::OutboxMessage) -> Option<Delivery>,
+    }
+
+    impl Publisher for FakePublisher {
+        async fn ready(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+
+        async fn publish(&mut self, batch: &[pb::OutboxMessage]) -> Vec<Delivery> {
+            tokio::time::sleep(self.delay).await;
+            batch.iter().map_while(self.answer).collect()
+        }
+    }
+
+    fn batch(types: &[&str]) -> pb::ClaimBatchResponse {
+        pb::ClaimBatchResponse {
+            lease_id: "lease-1".into(),
+            lease_expires_at: None,
+            messages: types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| pb::OutboxMessage {
+                    id: format!("m{i}"),
+                    event_type: (*t).into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn by_type(m: &pb::OutboxMessage) -> Option<Delivery> {
+        match m.event_type.as_str() {
+            "ok" => Some(Delivery::Confirmed),
+            "unroutable" => Some(Delivery::Rejected(
+                "returned by broker: 312 NO_ROUTE".into(),
+            )),
+            "lost" => Some(Delivery::Failed("connection reset".into())),
+            _ => None,
+        }
+    }
+
+    async fn drive(
+        claims: Vec<Result<pb::ClaimBatchResponse, Status>>,
+        publisher: FakePublisher,
+    ) -> FakeLeases {
+        let leases = FakeLeases::default();
+        let stop = CancellationToken::new();
+        leases.script(|s| {
+            s.claims = claims.into();
+            s.stop_when_empty = Some(stop.clone());
+        });
+        let settings = Arc::new(Settings {
+            outbox: "default".into(),
+            worker_id: "w1".into(),
+            batch_size: 10,
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(1),
+        });
+        Worker::new(leases.clone(), publisher, settings, Arc::default())
+            .run(stop)
+            .await;
+        leases
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_confirmed_messages_are_acked_and_the_rest_nacked_with_their_reason() {
+        let publisher = FakePublisher {
+            delay: Duration::ZERO,
+            answer: by_type,
+        };
+        let leases = drive(
+            vec![Ok(batch(&["ok", "unroutable", "lost", "ok"]))],
+            publisher,
+        )
+        .await;
+        leases.script(|s| {
+            assert_eq!(s.acks.len(), 1);
+            assert_eq!(s.acks[0].message_ids, ["m0", "m3"]);
+            assert_eq!(s.acks[0].lease_id, "lease-1");
+            assert_eq!(s.nacks.len(), 2);
+            let unroutable = s
+                .nacks
+                .iter()
+                .find(|n| n.message_ids == ["m1"])
+                .expect("m1 nacked");
+            assert!(unroutable.error.contains("NO_ROUTE"));
+            assert_eq!(
+                unroutable.retry_after, None,
+                "broker refusals follow the outbox backoff"
+            );
+            let lost = s
+                .nacks
+                .iter()
+                .find(|n| n.message_ids == ["m2"])
+                .expect("m2 nacked");
+            assert_eq!(lost.retry_after.map(|d| d.seconds), Some(1));
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn messages_without_an_outcome_are_released_not_acked() {
+        let publisher = FakePublisher {
+            delay: Duration::ZERO,
+            answer: by_type,
+        };
+        let leases = drive(vec![Ok(batch(&["ok", "silent", "ok"]))], publisher).await;
+        leases.script(|s| {
+            assert_eq!(s.acks[0].message_ids, ["m0"]);
+            let released: Vec<_> = s.nacks.iter().flat_map(|n| n.message_ids.clone()).collect();
+            assert_eq!(released, ["m1", "m2"]);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_publish_keeps_its_lease_alive() {
+        let publisher = FakePublisher {
+            delay: Duration::from_secs(40),
+            answer: by_type,
+        };
+        let started = Instant::now();
+        let leases = drive(vec![Ok(batch(&["ok"]))], publisher).await;
+        leases.script(|s| {
+            let at: Vec<u64> = s.extends.iter().map(|t| (*t - started).as_secs()).collect();
+            assert_eq!(at, [15, 30], "extended at each half lease while publishing");
+            assert_eq!(s.acks.len(), 1);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_server_is_retried_not_fatal() {
+        let publisher = FakePublisher {
+            delay: Duration::ZERO,
+            answer: by_type,
+        };
+        let leases = drive(
+            vec![
+                Err(Status::unavailable("down")),
+                Err(Status::unavailable("down")),
+                Ok(batch(&["ok"])),
+            ],
+            publisher,
+        )
+        .await;
+        leases.script(|s| assert_eq!(s.acks.len(), 1));
+    }
+}
