@@ -27,6 +27,8 @@ use crate::grpc::pb::OutboxMessage;
 #[derive(Debug)]
 pub struct Broker {
     url: String,
+    /// Shown by `rabbitmqctl list_connections name`, so operators see whose it is.
+    connection_name: String,
     exchange: String,
     declare: bool,
     routing_key: RoutingKey,
@@ -40,6 +42,7 @@ impl Broker {
     pub fn new(config: &RelayConfig) -> Arc<Self> {
         Arc::new(Self {
             url: config.amqp_url.clone(),
+            connection_name: format!("outbox-relay {}", config.worker_id),
             exchange: config.exchange.clone(),
             declare: config.declare,
             routing_key: config.routing_key.clone(),
@@ -65,7 +68,9 @@ impl Broker {
         if slot.take().is_some() {
             self.report(false, "connection lost");
         }
-        match Connection::connect(&self.url, ConnectionProperties::default()).await {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(self.connection_name.as_str().into());
+        match Connection::connect(&self.url, properties).await {
             Ok(conn) => {
                 let conn = Arc::new(conn);
                 *slot = Some(Arc::clone(&conn));

@@ -1,0 +1,404 @@
+//! outbox-relay end to end: real outboxd, real RabbitMQ, the real relay binary.
+//!
+//! These tests run one at a time (they share the broker, and one of them closes
+//! every connection on it), each with its own database, exchange and queue.
+//! They print what they measured (duplicates), so `--nocapture` shows it.
+#![allow(clippy::print_stdout)]
+
+mod rabbit;
+
+use std::{collections::HashMap, process::Stdio, time::Duration};
+
+use rabbit::{AMQP_URL, Rabbit, Received};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::{
+    process::{Child, Command},
+    sync::Mutex,
+};
+use uuid::Uuid;
+
+use crate::support::{TestApp, secs, wait_until};
+
+/// Relay tests take the broker in turns.
+static BROKER: Mutex<()> = Mutex::const_new(());
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The relay binary as a child process, killed if the test drops it.
+struct Relay(Child);
+
+impl Relay {
+    fn start(app: &TestApp, rabbit: &Rabbit, extra: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["--server", &format!("http://{}", app.addr)])
+            .args([
+                "--amqp-url",
+                AMQP_URL,
+                "--exchange",
+                &rabbit.exchange,
+                "--no-declare",
+            ])
+            .args(["--wait", "1s", "--drain-timeout", "10s"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn outbox-relay");
+        Self(child)
+    }
+
+    /// SIGKILL: no chance to ack what it published.
+    async fn kill9(mut self) {
+        self.0.kill().await.expect("kill -9 the relay");
+    }
+
+    /// SIGTERM, then the exit status.
+    async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id().expect("the relay is running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .expect("run kill");
+        assert!(sent.success(), "SIGTERM delivered");
+        tokio::time::timeout(secs(30), self.0.wait())
+            .await
+            .expect("the relay exits within its drain timeout")
+            .expect("wait for the relay")
+    }
+}
+
+/// Producer transactions from concurrent tasks; every `rollback_every`-th
+/// transaction of a task rolls back. Returns (committed, rolled back) ids.
+async fn produce(
+    pool: &PgPool,
+    tasks: usize,
+    txs_per_task: usize,
+    per_tx: usize,
+    rollback_every: usize,
+) -> (Vec<Uuid>, Vec<Uuid>) {
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let pool = pool.clone();
+        handles.push(tokio::spawn(async move {
+            let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+            for t in 0..txs_per_task {
+                let ids: Vec<Uuid> = (0..per_tx).map(|_| Uuid::new_v4()).collect();
+                let aggregates: Vec<String> = (0..per_tx).map(|i| format!("agg-{task}-{t}-{i}")).collect();
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query(
+                    "INSERT INTO outbox (id, aggregate_id, event_type, payload, headers) \
+                     SELECT id, agg, 'order.created', jsonb_build_object('aggregate', agg, 'pad', repeat('x', 200)), $3 \
+                     FROM unnest($1::uuid[], $2::text[]) AS t(id, agg)",
+                )
+                .bind(&ids)
+                .bind(&aggregates)
+                .bind(json!({ "traceparent": TRACEPARENT }))
+                .execute(&mut *tx)
+                .await
+                .expect("insert events");
+                if rollback_every > 0 && t % rollback_every == rollback_every - 1 {
+                    tx.rollback().await.expect("rollback");
+                    rolled_back.extend(ids);
+                } else {
+                    tx.commit().await.expect("commit");
+                    committed.extend(ids);
+                }
+            }
+            (committed, rolled_back)
+        }));
+    }
+    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+    for handle in handles {
+        let (c, r) = handle.await.expect("producer task");
+        committed.extend(c);
+        rolled_back.extend(r);
+    }
+    (committed, rolled_back)
+}
+
+async fn unpublished(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        .fetch_one(pool)
+        .await
+        .expect("count unpublished")
+}
+
+async fn published(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .expect("count published")
+}
+
+/// Waits until every row is published and the queue holds at least `expected`.
+async fn wait_all_delivered(app: &TestApp, rabbit: &Rabbit, expected: usize, limit: Duration) {
+    wait_until(
+        limit,
+        "every committed event published and queued",
+        async || unpublished(app.pool()).await == 0 && rabbit.depth().await as usize >= expected,
+    )
+    .await;
+}
+
+/// How often each message id arrived.
+fn tally(got: &[Received]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for m in got {
+        *counts.entry(m.message_id.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn assert_all_arrived(committed: &[Uuid], counts: &HashMap<String, usize>) {
+    let missing: Vec<_> = committed
+        .iter()
+        .filter(|id| !counts.contains_key(&id.to_string()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} committed events never arrived, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_committed_event_arrives_and_no_rolled_back_one_does() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let relay = Relay::start(&app, &rabbit, &[]);
+
+    // 16 producers × 40 transactions × 20 events, every 5th transaction rolled back.
+    let (committed, rolled_back) = produce(app.pool(), 16, 40, 20, 5).await;
+    assert!(committed.len() >= 10_000, "{} committed", committed.len());
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(180)).await;
+    assert!(relay.terminate().await.success(), "SIGTERM exits 0");
+
+    let got = rabbit.drain().await;
+    let counts = tally(&got);
+    assert_all_arrived(&committed, &counts);
+    let leaked: Vec<_> = rolled_back
+        .iter()
+        .filter(|id| counts.contains_key(&id.to_string()))
+        .collect();
+    assert!(leaked.is_empty(), "rolled-back events arrived: {leaked:?}");
+    assert_eq!(
+        unpublished(app.pool()).await,
+        0,
+        "the outbox ends fully published"
+    );
+
+    // Properties and headers, as consumers rely on them.
+    let sample = &got[got.len() / 2];
+    let row: (String, chrono::DateTime<chrono::Utc>, i32) =
+        sqlx::query_as("SELECT aggregate_id, created_at, attempts FROM outbox WHERE id = $1::uuid")
+            .bind(&sample.message_id)
+            .fetch_one(app.pool())
+            .await
+            .expect("the sample's row");
+    assert_eq!(sample.kind, "order.created");
+    assert_eq!(sample.content_type, "application/json");
+    assert_eq!(sample.delivery_mode, 2, "persistent");
+    assert_eq!(sample.timestamp, row.1.timestamp() as u64);
+    assert_eq!(
+        sample.routing_key, "order.created",
+        "default routing key is the event type"
+    );
+    assert_eq!(sample.headers.get("x-aggregate-id"), Some(&row.0));
+    assert_eq!(
+        sample.headers.get("x-outbox-attempt"),
+        Some(&row.2.to_string())
+    );
+    assert_eq!(
+        sample.headers.get("traceparent").map(String::as_str),
+        Some(TRACEPARENT)
+    );
+    let payload: serde_json::Value = serde_json::from_slice(&sample.payload).expect("JSON payload");
+    assert_eq!(payload["aggregate"], json!(row.0));
+    println!(
+        "end to end: {} committed, {} rolled back, {} delivered ({} duplicates)",
+        committed.len(),
+        rolled_back.len(),
+        got.len(),
+        got.len() - counts.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_killed_mid_run_loses_nothing_after_a_restart() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let (committed, _) = produce(app.pool(), 4, 10, 150, 0).await;
+    let args = ["--lease", "2s", "--batch-size", "100", "--concurrency", "4"];
+
+    let relay = Relay::start(&app, &rabbit, &args);
+    wait_until(secs(60), "the first relay publishes some", async || {
+        published(app.pool()).await >= 500
+    })
+    .await;
+    relay.kill9().await;
+    let published_at_kill = published(app.pool()).await;
+
+    let relay = Relay::start(&app, &rabbit, &args);
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
+    assert!(relay.terminate().await.success());
+
+    let got = rabbit.drain().await;
+    let counts = tally(&got);
+    assert_all_arrived(&committed, &counts);
+    let duplicates = got.len() - counts.len();
+    println!(
+        "kill -9 after {published_at_kill} acks: {duplicates} duplicates of {} events",
+        committed.len()
+    );
+    // Only what was in flight at the kill can be delivered twice.
+    assert!(
+        duplicates <= 4 * 100,
+        "{duplicates} duplicates exceed what was in flight"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_share_the_work_without_loss() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let first = Relay::start(&app, &rabbit, &["--worker-id", "relay-a"]);
+    let second = Relay::start(&app, &rabbit, &["--worker-id", "relay-b"]);
+    let (committed, _) = produce(app.pool(), 4, 25, 50, 0).await;
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
+    assert!(first.terminate().await.success());
+    assert!(second.terminate().await.success());
+
+    let got = rabbit.drain().await;
+    let counts = tally(&got);
+    assert_all_arrived(&committed, &counts);
+    // Each delivery beyond the first needs a lease that expired: attempts - 1.
+    let attempts: Vec<(String, i32)> = sqlx::query_as("SELECT id::text, attempts FROM outbox")
+        .fetch_all(app.pool())
+        .await
+        .expect("attempts");
+    for (id, attempts) in attempts {
+        let received = counts.get(&id).copied().unwrap_or(0);
+        assert!(
+            received <= attempts as usize,
+            "{id} arrived {received}× after {attempts} claims"
+        );
+    }
+    let workers: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT claimed_by FROM outbox ORDER BY 1")
+            .fetch_all(app.pool())
+            .await
+            .expect("workers");
+    println!(
+        "two relays: {} events, {} deliveries, claimed by {workers:?}",
+        committed.len(),
+        got.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_recovers_when_the_broker_drops_its_connections() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let relay = Relay::start(&app, &rabbit, &[]);
+    let (mut committed, _) = produce(app.pool(), 2, 10, 100, 0).await;
+    wait_until(secs(60), "the relay publishes", async || {
+        published(app.pool()).await > 0
+    })
+    .await;
+
+    let closed = Command::new("rabbitmqctl")
+        .args(["close_all_connections", "outboxd relay test"])
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .expect("run rabbitmqctl");
+    assert!(closed.success(), "rabbitmqctl close_all_connections");
+
+    // Work that can only be published over a new connection.
+    let (more, _) = produce(app.pool(), 2, 10, 100, 0).await;
+    committed.extend(more);
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
+    assert!(relay.terminate().await.success());
+    let counts = tally(&rabbit.drain().await);
+    assert_all_arrived(&committed, &counts);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unroutable_messages_are_nacked_with_the_reason_and_dead_lettered() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn_with(|args| {
+        args.set("--max-attempts", "3")
+            .set("--backoff-base", "100ms")
+            .set("--backoff-max", "200ms");
+    })
+    .await;
+    let nowhere = Rabbit::unbound().await;
+    let ids = app.insert(5).await;
+    let relay = Relay::start(&app, &nowhere, &[]);
+    wait_until(
+        secs(60),
+        "every unroutable event dead-lettered",
+        async || {
+            app.count("public.outbox", "dead_lettered_at IS NOT NULL")
+                .await
+                == 5
+        },
+    )
+    .await;
+    assert!(relay.terminate().await.success());
+
+    for id in ids {
+        let (published, attempts, error): (
+            Option<chrono::DateTime<chrono::Utc>>,
+            i32,
+            Option<String>,
+        ) = sqlx::query_as("SELECT published_at, attempts, last_error FROM outbox WHERE id = $1")
+            .bind(id)
+            .fetch_one(app.pool())
+            .await
+            .expect("row");
+        assert!(published.is_none(), "an unroutable message is never acked");
+        assert_eq!(attempts, 3, "delivered up to max attempts");
+        let error = error.unwrap_or_default();
+        assert!(
+            error.contains("NO_ROUTE"),
+            "the broker's reason is kept: {error}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_routing_key_nobody_binds_is_unroutable_too() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn_with(|args| {
+        args.set("--max-attempts", "1");
+    })
+    .await;
+    let rabbit = Rabbit::bound("invoices.#").await;
+    app.insert(3).await;
+    let relay = Relay::start(&app, &rabbit, &["--routing-key", "orders.{aggregate_id}"]);
+    wait_until(
+        secs(60),
+        "dead-lettered after the single attempt",
+        async || {
+            app.count("public.outbox", "dead_lettered_at IS NOT NULL")
+                .await
+                == 3
+        },
+    )
+    .await;
+    assert!(relay.terminate().await.success());
+    assert_eq!(
+        app.count("public.outbox", "published_at IS NOT NULL").await,
+        0
+    );
+    assert_eq!(rabbit.depth().await, 0);
+}
