@@ -1,0 +1,447 @@
+"""End to end: real PostgreSQL, a real outboxd, real RabbitMQ, relay.py as a subprocess.
+
+Each test gets its own database, outboxd (on a free port), exchange and queue,
+all removed at the end, also when the test fails. Every wait polls a condition
+under a deadline; nothing sleeps a fixed time to let something happen.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pika
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from relay import pb, pb_grpc
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+RELAY = HERE / "relay.py"
+OUTBOXD_BIN = Path(os.environ.get("OUTBOXD_BIN", REPO / "target" / "debug" / "outboxd"))
+ADMIN_URL = os.environ.get("OUTBOXD_TEST_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("OUTBOXD_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+
+#: Upper bound for any one wait in these tests; a healthy run needs a few seconds.
+DEADLINE = 40.0
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = DEADLINE,
+               diagnostics: Callable[[], str] = lambda: "") -> Any:
+    """Polls `condition` until it returns something truthy; fails after `timeout`.
+
+    The short pause only paces the polling; the deadline is what decides.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting until {what}\n{diagnostics()}")
+        time.sleep(0.05)
+
+
+def database_url(name: str) -> str:
+    url = urllib.parse.urlsplit(ADMIN_URL)
+    return urllib.parse.urlunsplit(url._replace(path=f"/{name}"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    if not path.exists():
+        return f"({path.name}: no output)"
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return f"--- last lines of {path.name} ---\n" + "\n".join(text)
+
+
+@dataclasses.dataclass
+class Process:
+    """A child process with its output in a file, for diagnostics on failure."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def logs(self) -> str:
+        return tail(self.log)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then the exit code; SIGKILL only if it does not exit in time."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            pytest.fail(f"{self.name} did not exit within {timeout:.0f}s of SIGTERM\n{self.logs()}")
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    """Starts child processes; kills whatever is still running at the end."""
+    started: list[Process] = []
+
+    def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        log = tmp_path / f"{name}.log"
+        out = log.open("wb")
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        out.close()
+        proc = Process(name, popen, log)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(started):
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+        # Shown by pytest only when the test failed.
+        print(proc.logs())
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL, outboxd, RabbitMQ
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh database of its own, dropped at the end even when the test fails."""
+    name = f"outboxd_pyrelay_{uuid.uuid4().hex}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield database_url(name)
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@dataclasses.dataclass
+class Outboxd:
+    target: str
+    process: Process
+
+
+@pytest.fixture
+def outboxd(database: str, processes: Callable[..., Process]) -> Callable[..., Outboxd]:
+    """Starts outboxd against the test database on a free port, ready to serve."""
+
+    def start(*extra: str) -> Outboxd:
+        assert OUTBOXD_BIN.exists(), f"{OUTBOXD_BIN} not found; run `cargo build` or set OUTBOXD_BIN"
+        port = free_port()
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        proc = processes("outboxd", [
+            str(OUTBOXD_BIN), "--database-url", database, "--listen", f"127.0.0.1:{port}",
+            "--poll-interval", "200ms", *extra,
+        ], env=env)
+        target = f"127.0.0.1:{port}"
+        with grpc.insecure_channel(target) as channel:
+            stub = pb_grpc.OutboxServiceStub(channel)
+
+            def serving() -> bool:
+                assert proc.popen.poll() is None, f"outboxd exited with {proc.popen.returncode}\n{proc.logs()}"
+                try:
+                    stub.GetStats(pb.GetStatsRequest(outbox="default"), timeout=1)
+                    return True
+                except grpc.RpcError:
+                    return False
+
+            wait_until(serving, "outboxd serves", diagnostics=proc.logs)
+        return Outboxd(target, proc)
+
+    return start
+
+
+@dataclasses.dataclass
+class Rabbit:
+    exchange: str
+    queue: str
+
+
+def amqp_connection() -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+
+
+@pytest.fixture
+def rabbit() -> Iterator[Rabbit]:
+    """A unique exchange (durable topic, as the relay declares it) and queue
+    names; both are deleted at the end, also when the test fails."""
+    exchange = f"pyrelay_{uuid.uuid4().hex[:12]}"
+    names = Rabbit(exchange=exchange, queue=f"{exchange}_q")
+    with amqp_connection() as conn:
+        conn.channel().exchange_declare(names.exchange, exchange_type="topic", durable=True)
+    try:
+        yield names
+    finally:
+        with amqp_connection() as conn:
+            channel = conn.channel()
+            channel.queue_delete(names.queue)
+            channel.exchange_delete(names.exchange)
+
+
+def start_relay(processes: Callable[..., Process], server: Outboxd, exchange: str, *extra: str) -> Process:
+    # Flags override any OUTBOX_* / AMQP_URL set in the caller's environment.
+    return processes("relay", [
+        sys.executable, str(RELAY),
+        "--server", server.target,
+        "--amqp-url", AMQP_URL,
+        "--exchange", exchange,
+        "--worker-id", f"pytest-{uuid.uuid4().hex[:8]}",
+        *extra,
+    ])
+
+
+# --------------------------------------------------------------------------
+# producers
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    id: str
+    aggregate_id: str
+    event_type: str
+    payload: dict[str, Any]
+    headers: dict[str, str]
+
+
+def make_event(producer: int, txn: int, n: int) -> Event:
+    return Event(
+        id=str(uuid.uuid4()),
+        aggregate_id=f"order-{producer}-{txn}",
+        event_type=("order.created", "order.paid", "order.shipped")[n % 3],
+        payload={"producer": producer, "txn": txn, "n": n, "note": "ünïcode ✓"},
+        headers={"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01", "x-producer": str(producer)},
+    )
+
+
+def insert(cur: psycopg.Cursor[Any], events: list[Event]) -> None:
+    cur.executemany(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload, headers) VALUES (%s, %s, %s, %s, %s)",
+        [(e.id, e.aggregate_id, e.event_type, Jsonb(e.payload), Jsonb(e.headers)) for e in events],
+    )
+
+
+def produce(db_url: str, producer: int, txns: int, per_txn: int, rollback_every: int) -> tuple[list[Event], list[Event]]:
+    """One producer: `txns` transactions of `per_txn` events; every
+    `rollback_every`-th transaction is rolled back. Returns (committed, rolled back)."""
+    committed: list[Event] = []
+    rolled_back: list[Event] = []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for txn in range(txns):
+            events = [make_event(producer, txn, n) for n in range(per_txn)]
+            rollback = txn % rollback_every == rollback_every - 1
+            with conn.transaction(force_rollback=rollback), conn.cursor() as cur:
+                insert(cur, events)
+            (rolled_back if rollback else committed).extend(events)
+    return committed, rolled_back
+
+
+def produce_concurrently(db_url: str, producers: int, txns: int, per_txn: int,
+                         rollback_every: int) -> tuple[dict[str, Event], set[str]]:
+    with concurrent.futures.ThreadPoolExecutor(producers) as pool:
+        futures = [pool.submit(produce, db_url, p, txns, per_txn, rollback_every) for p in range(producers)]
+        results = [f.result() for f in futures]
+    committed = {e.id: e for c, _ in results for e in c}
+    rolled_back = {e.id for _, r in results for e in r}
+    return committed, rolled_back
+
+
+def outbox_rows(db_url: str) -> dict[str, dict[str, Any]]:
+    with psycopg.connect(db_url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SELECT id::text AS id, seq, created_at, published_at, dead_lettered_at, attempts, last_error "
+                    "FROM outbox")
+        return {row["id"]: row for row in cur.fetchall()}
+
+
+# --------------------------------------------------------------------------
+# consumer
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    routing_key: str
+    properties: pika.BasicProperties
+    body: bytes
+
+
+class Consumer:
+    """Collects what arrives in a queue, keyed by message_id (duplicates kept)."""
+
+    def __init__(self, queue: str) -> None:
+        self.conn = amqp_connection()
+        self.channel = self.conn.channel()
+        self.channel.basic_qos(prefetch_count=500)
+        self.queue = queue
+        self.received: dict[str, list[Received]] = collections.defaultdict(list)
+
+    def take(self, stop_when: Callable[[], bool], timeout: float) -> bool:
+        """Consumes until `stop_when()` holds (True) or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        for method, props, body in self.channel.consume(self.queue, inactivity_timeout=0.2):
+            if method is not None:
+                self.received[props.message_id].append(Received(method.routing_key, props, body))
+                self.channel.basic_ack(method.delivery_tag)
+            if stop_when():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return False
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Takes whatever is still queued (late duplicates, or events that must not be there).
+
+        Done when nothing is buffered locally (the consumer went idle) and the
+        queue has no ready message left.
+        """
+        deadline = time.monotonic() + timeout
+        for method, props, body in self.channel.consume(self.queue, inactivity_timeout=0.2):
+            if method is not None:
+                self.received[props.message_id].append(Received(method.routing_key, props, body))
+                self.channel.basic_ack(method.delivery_tag)
+            elif self.channel.queue_declare(self.queue, passive=True).method.message_count == 0:
+                return
+            if time.monotonic() >= deadline:
+                pytest.fail(f"queue {self.queue} did not drain within {timeout:.0f}s")
+
+    def close(self) -> None:
+        self.channel.cancel()
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------
+# tests
+# --------------------------------------------------------------------------
+
+PRODUCERS = 8
+TXNS_PER_PRODUCER = 30
+EVENTS_PER_TXN = 10
+ROLLBACK_EVERY = 6  # 5 of 30 transactions per producer roll back
+
+
+def test_every_committed_event_arrives_with_its_properties(database: str, outboxd, rabbit: Rabbit, processes) -> None:
+    server = outboxd()
+    with amqp_connection() as conn:
+        channel = conn.channel()
+        channel.queue_declare(rabbit.queue, durable=True)
+        channel.queue_bind(rabbit.queue, rabbit.exchange, routing_key="#")
+
+    # The relay runs while the producers write, so claims race with commits.
+    relay = start_relay(processes, server, rabbit.exchange,
+                        "--routing-key", "outbox.{event_type}.{aggregate_id}",
+                        "--batch-size", "50", "--concurrency", "4")
+    started = time.monotonic()
+    committed, rolled_back = produce_concurrently(database, PRODUCERS, TXNS_PER_PRODUCER, EVENTS_PER_TXN,
+                                                  ROLLBACK_EVERY)
+    assert len(committed) + len(rolled_back) == PRODUCERS * TXNS_PER_PRODUCER * EVENTS_PER_TXN >= 2000
+    assert len(committed) == 2000 and len(rolled_back) == 400
+
+    consumer = Consumer(rabbit.queue)
+    try:
+        arrived = consumer.take(lambda: committed.keys() <= consumer.received.keys(), timeout=DEADLINE)
+        missing = committed.keys() - consumer.received.keys()
+        assert arrived, f"{len(missing)} committed events never arrived\n{relay.logs()}"
+
+        # Arrival in the queue comes before the Ack to outboxd: wait for the table too.
+        def all_published() -> bool:
+            return all(r["published_at"] is not None for r in outbox_rows(database).values())
+        wait_until(all_published, "every outbox row is published", diagnostics=relay.logs)
+        elapsed = time.monotonic() - started
+
+        assert relay.stop() == 0, relay.logs()
+        consumer.drain()
+    finally:
+        consumer.close()
+
+    received = consumer.received
+    assert not (received.keys() & rolled_back), "a rolled-back event was published"
+    assert received.keys() == committed.keys(), "something arrived that no producer committed"
+
+    rows = outbox_rows(database)
+    assert rows.keys() == committed.keys()
+    assert all(r["published_at"] is not None and r["dead_lettered_at"] is None for r in rows.values())
+
+    for event_id, copies in received.items():
+        event, row = committed[event_id], rows[event_id]
+        for message in copies:
+            p = message.properties
+            assert message.routing_key == f"outbox.{event.event_type}.{event.aggregate_id}"
+            assert p.message_id == event.id
+            assert p.type == event.event_type
+            assert p.content_type == "application/json"
+            assert p.delivery_mode == 2
+            assert p.timestamp == int(row["created_at"].timestamp())
+            assert json.loads(message.body) == event.payload
+            headers = dict(p.headers)
+            assert headers.pop("x-aggregate-id") == event.aggregate_id
+            assert headers.pop("x-outbox-sequence") == row["seq"]
+            assert headers.pop("x-outbox-attempt") >= 1
+            # Every stored header passes through unchanged, and nothing else is added.
+            assert {k: (v.decode() if isinstance(v, bytes) else v) for k, v in headers.items()} == event.headers
+
+    duplicates = sum(len(copies) - 1 for copies in received.values())
+    relay_log = relay.log.read_text(errors="replace")
+    assert "Traceback" not in relay_log, relay_log
+    print(f"{len(committed)} events relayed in {elapsed:.1f}s, {duplicates} duplicates")
+
+
+def test_unroutable_messages_are_nacked_with_the_reason_and_never_published(database: str, outboxd, rabbit: Rabbit,
+                                                                             processes) -> None:
+    # Quick retries and few attempts, so the messages also reach the dead letter state.
+    server = outboxd("--max-attempts", "3", "--backoff-base", "100ms", "--backoff-max", "300ms")
+    with psycopg.connect(database, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+        events = [make_event(0, 0, n) for n in range(25)]
+        insert(cur, events)
+    ids = {e.id for e in events}
+
+    # The exchange exists (the fixture declared it) but no queue is bound to it.
+    relay = start_relay(processes, server, rabbit.exchange, "--batch-size", "10")
+
+    def settled() -> dict[str, dict[str, Any]] | None:
+        rows = outbox_rows(database)
+        done = all(r["dead_lettered_at"] is not None for r in rows.values())
+        return rows if done else None
+
+    rows = wait_until(settled, "every unroutable message is dead-lettered", diagnostics=relay.logs)
+    assert relay.stop() == 0, relay.logs()
+
+    assert rows.keys() == ids
+    for row in rows.values():
+        assert row["published_at"] is None, "an unroutable message was acked"
+        assert row["attempts"] == 3
+        assert "NO_ROUTE" in row["last_error"] and "312" in row["last_error"], row["last_error"]
+    relay_log = relay.log.read_text(errors="replace")
+    assert "releasing unpublished messages" in relay_log and "NO_ROUTE" in relay_log
+    assert "Traceback" not in relay_log, relay_log
