@@ -1,0 +1,285 @@
+"""The worker loop and its pure helpers, driven by fakes: no server, no broker.
+
+These pin down the settle rules a port to another language must keep: ack only
+what was confirmed, nack rejections with the broker's reason and the outbox's
+backoff, release failures for a prompt retry, extend long-running leases.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+
+import grpc
+import pytest
+
+import relay
+from relay import CONFIRMED, Delivery, failed, pb, rejected
+
+
+def message(n: int, **headers: str) -> pb.OutboxMessage:
+    m = pb.OutboxMessage(id=f"id-{n}", aggregate_id=f"agg-{n}", event_type="order.created",
+                         payload=b'{"n": %d}' % n, attempt=2, sequence=100 + n, headers=headers)
+    m.created_at.FromSeconds(1_700_000_000 + n)
+    return m
+
+
+class Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A transient gRPC failure, as grpcio raises it."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "connection refused"
+
+    # grpc.Call's other abstract methods, unused here.
+    def initial_metadata(self): ...  # noqa: E704
+    def trailing_metadata(self): ...  # noqa: E704
+    def is_active(self): ...  # noqa: E704
+    def time_remaining(self): ...  # noqa: E704
+    def cancel(self): ...  # noqa: E704
+    def add_callback(self, callback): ...  # noqa: E704
+
+
+class FakeLeases:
+    """Records settle calls; claims hand out the queued batches, then stop the worker."""
+
+    def __init__(self, batches: Sequence[pb.ClaimBatchResponse] = (), stop: threading.Event | None = None,
+                 ack_failures: int = 0) -> None:
+        self.batches = list(batches)
+        self.stop = stop
+        self.ack_failures = ack_failures
+        self.acks: list[pb.AckRequest] = []
+        self.nacks: list[pb.NackRequest] = []
+        self.extends: list[pb.ExtendLeaseRequest] = []
+        self.claims: list[pb.ClaimBatchRequest] = []
+
+    def claim(self, request, stop):
+        self.claims.append(request)
+        if self.batches:
+            return self.batches.pop(0)
+        assert self.stop is not None
+        self.stop.set()
+        return None
+
+    def ack(self, request):
+        if self.ack_failures:
+            self.ack_failures -= 1
+            raise Unavailable()
+        self.acks.append(request)
+        return pb.AckResponse(results=[pb.MessageResult(message_id=i, outcome=pb.OUTCOME_OK)
+                                       for i in request.message_ids])
+
+    def nack(self, request):
+        self.nacks.append(request)
+        return pb.NackResponse()
+
+    def extend(self, request):
+        self.extends.append(request)
+        return pb.ExtendLeaseResponse()
+
+
+class FakePublisher:
+    """Answers each batch with the given deliveries, after an optional delay."""
+
+    def __init__(self, deliveries: Sequence[Delivery] | Exception, delay: float = 0.0) -> None:
+        self.deliveries = deliveries
+        self.delay = delay
+        self.published: list[list[str]] = []
+
+    def ready(self) -> str | None:
+        return None
+
+    def publish(self, messages):
+        self.published.append([m.id for m in messages])
+        future: concurrent.futures.Future[list[Delivery]] = concurrent.futures.Future()
+
+        def answer() -> None:
+            if isinstance(self.deliveries, Exception):
+                future.set_exception(self.deliveries)
+            else:
+                future.set_result(list(self.deliveries))
+
+        if self.delay:
+            timer = threading.Timer(self.delay, answer)
+            timer.daemon = True  # a never-answering publisher must not hold up pytest's exit
+            timer.start()
+        else:
+            answer()
+        return future
+
+
+def settings(lease: float = 30.0, confirm_timeout: float = 15.0) -> relay.Settings:
+    return relay.Settings(outbox="orders", worker_id="w-1", batch_size=10, lease=lease, wait=5.0,
+                          confirm_timeout=confirm_timeout)
+
+
+def worker(leases: FakeLeases, publisher: FakePublisher, **kw: float) -> relay.Worker:
+    return relay.Worker(leases, publisher, settings(**kw), relay.LinkState(up=True), threading.Event())
+
+
+def batch(count: int, lease_id: str = "lease-1") -> pb.ClaimBatchResponse:
+    return pb.ClaimBatchResponse(lease_id=lease_id, messages=[message(n) for n in range(count)])
+
+
+# ---- settle rules ----------------------------------------------------------
+
+
+def test_confirmed_are_acked_and_the_rest_nacked_by_reason() -> None:
+    leases = FakeLeases()
+    publisher = FakePublisher([
+        CONFIRMED,
+        rejected("returned by broker: 312 NO_ROUTE"),
+        failed("connection lost"),
+        CONFIRMED,
+        rejected("returned by broker: 312 NO_ROUTE"),
+    ])
+    worker(leases, publisher).relay(batch(5))
+
+    assert [list(a.message_ids) for a in leases.acks] == [["id-0", "id-3"]]
+    assert leases.acks[0].lease_id == "lease-1" and leases.acks[0].outbox == "orders"
+    nacks = {n.error: n for n in leases.nacks}
+    unroutable = nacks["returned by broker: 312 NO_ROUTE"]
+    assert list(unroutable.message_ids) == ["id-1", "id-4"]
+    assert not unroutable.HasField("retry_after"), "a rejection follows the outbox's backoff policy"
+    lost = nacks["connection lost"]
+    assert list(lost.message_ids) == ["id-2"]
+    assert lost.retry_after.ToTimedelta().total_seconds() == relay.FAILED_RETRY_AFTER
+    assert not any(n.dead_letter for n in leases.nacks)
+
+
+def test_messages_without_an_outcome_are_released_never_acked() -> None:
+    leases = FakeLeases()
+    worker(leases, FakePublisher([CONFIRMED])).relay(batch(3))
+    assert [list(a.message_ids) for a in leases.acks] == [["id-0"]]
+    assert [(n.error, list(n.message_ids)) for n in leases.nacks] == [
+        ("publisher gave no outcome", ["id-1", "id-2"])]
+
+
+def test_an_unavailable_broker_releases_the_whole_batch() -> None:
+    leases = FakeLeases()
+    worker(leases, FakePublisher(relay.BrokerUnavailable("connection lost: 320 CONNECTION_FORCED"))).relay(batch(2))
+    assert leases.acks == []
+    assert [(n.error, list(n.message_ids)) for n in leases.nacks] == [
+        ("connection lost: 320 CONNECTION_FORCED", ["id-0", "id-1"])]
+
+
+def test_a_transient_ack_failure_is_retried() -> None:
+    leases = FakeLeases(ack_failures=2)
+    worker(leases, FakePublisher([CONFIRMED])).relay(batch(1))
+    assert [list(a.message_ids) for a in leases.acks] == [["id-0"]]
+
+
+def test_a_slow_publish_gets_its_lease_extended() -> None:
+    leases = FakeLeases()
+    # Lease 0.2 s: extended every 0.1 s while the publish takes 0.45 s.
+    worker(leases, FakePublisher([CONFIRMED], delay=0.45), lease=0.2).relay(batch(1))
+    assert len(leases.extends) >= 3
+    assert all(e.lease_id == "lease-1" and e.lease_duration.ToTimedelta().total_seconds() == 0.2
+               for e in leases.extends)
+    assert [list(a.message_ids) for a in leases.acks] == [["id-0"]]
+
+
+def test_a_publisher_that_never_answers_releases_the_batch() -> None:
+    leases = FakeLeases()
+    publisher = FakePublisher([CONFIRMED], delay=30)
+    original_grace = relay.PUBLISH_GRACE
+    relay.PUBLISH_GRACE = 0.0
+    try:
+        worker(leases, publisher, confirm_timeout=0.2).relay(batch(1))
+    finally:
+        relay.PUBLISH_GRACE = original_grace
+    assert leases.acks == []
+    assert [list(n.message_ids) for n in leases.nacks] == [["id-0"]]
+
+
+def test_run_claims_until_stopped_and_settles_what_it_claimed() -> None:
+    stop = threading.Event()
+    leases = FakeLeases([batch(2, "lease-a"), pb.ClaimBatchResponse(), batch(1, "lease-b")], stop=stop)
+    publisher = FakePublisher([CONFIRMED, CONFIRMED])
+    relay.Worker(leases, publisher, settings(), relay.LinkState(up=True), stop).run()
+    assert publisher.published == [["id-0", "id-1"], ["id-0"]]
+    assert [a.lease_id for a in leases.acks] == ["lease-a", "lease-b"]
+    request = leases.claims[0]
+    assert (request.outbox, request.worker_id, request.max_messages) == ("orders", "w-1", 10)
+    assert request.lease_duration.seconds == 30 and request.wait.seconds == 5
+
+
+# ---- pure helpers ----------------------------------------------------------
+
+
+def test_amqp_properties_match_the_rust_relay() -> None:
+    props = relay.amqp_properties(message(7, traceparent="00-abc-01", **{"x-outbox-attempt": "spoofed"}))
+    assert props.message_id == "id-7"
+    assert props.type == "order.created"
+    assert props.content_type == "application/json"
+    assert props.delivery_mode == 2
+    assert props.timestamp == 1_700_000_007
+    assert props.headers == {
+        "traceparent": "00-abc-01",
+        "x-aggregate-id": "agg-7",
+        "x-outbox-attempt": 2,  # ours win over a producer header of the same name
+        "x-outbox-sequence": 107,
+    }
+
+
+def test_routing_key_templates() -> None:
+    assert relay.RoutingKey("{event_type}").render("order.created", "a1") == "order.created"
+    assert relay.RoutingKey("orders.{aggregate_id}.{event_type}!").render("created", "42") == "orders.42.created!"
+    assert relay.RoutingKey("fixed").render("x", "y") == "fixed"
+    for bad in ["{event", "{nope}", "a}b"]:
+        with pytest.raises(ValueError):
+            relay.RoutingKey(bad)
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [
+    ("30", 30.0), ("1.5", 1.5), ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1m30s", 90.0), ("1h", 3600.0),
+])
+def test_durations(raw: str, seconds: float) -> None:
+    assert relay.parse_duration(raw) == seconds
+
+
+@pytest.mark.parametrize("raw", ["", "s", "10x", "ten", "5s junk"])
+def test_bad_durations(raw: str) -> None:
+    with pytest.raises(Exception):
+        relay.parse_duration(raw)
+
+
+def test_server_accepts_targets_and_the_rust_relays_urls() -> None:
+    assert relay.grpc_target("127.0.0.1:50051") == ("127.0.0.1:50051", False)
+    assert relay.grpc_target("dns:///outboxd:50051") == ("dns:///outboxd:50051", False)
+    assert relay.grpc_target("http://127.0.0.1:50051") == ("127.0.0.1:50051", False)
+    assert relay.grpc_target("https://outboxd.internal") == ("outboxd.internal:443", True)
+
+
+def test_defaults_match_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ["OUTBOX_SERVER", "AMQP_URL"] + [f"OUTBOX_RELAY_{s}" for s in (
+            "OUTBOX", "EXCHANGE", "NO_DECLARE", "ROUTING_KEY", "BATCH_SIZE", "LEASE", "CONCURRENCY",
+            "WORKER_ID", "CONFIRM_TIMEOUT", "WAIT", "DRAIN_TIMEOUT", "LOG_LEVEL")]:
+        monkeypatch.delenv(name, raising=False)
+    config = relay.parse_config([])
+    assert config.server == "127.0.0.1:50051"
+    assert config.outbox == "default"
+    assert config.amqp_url == "amqp://guest:guest@127.0.0.1:5672/%2f"
+    assert config.exchange == "outbox" and config.declare
+    assert config.routing_key.template == "{event_type}"
+    assert (config.batch_size, config.lease, config.concurrency) == (100, 30.0, 4)
+    assert (config.confirm_timeout, config.wait, config.drain_timeout) == (15.0, 20.0, 20.0)
+    assert config.worker_id.endswith(f"-{relay.os.getpid()}")
+    assert "guest:guest" not in repr(config)
+
+
+def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_RELAY_LEASE", "45s")
+    monkeypatch.setenv("OUTBOX_RELAY_NO_DECLARE", "true")
+    monkeypatch.setenv("OUTBOX_RELAY_EXCHANGE", "events")
+    config = relay.parse_config([])
+    assert (config.lease, config.declare, config.exchange) == (45.0, False, "events")
+    assert relay.parse_config(["--exchange", "flag-wins"]).exchange == "flag-wins"
+
+
+def test_passwords_are_masked() -> None:
+    assert relay.redact_url("amqp://guest:secret@host:5672/%2f") == "amqp://guest:redacted@host:5672/%2f"
+    assert relay.redact_url("amqp://host/%2f") == "amqp://host/%2f"
