@@ -293,9 +293,12 @@ RETRY = Backoff()
 
 
 class LinkState:
-    """Whether a dependency was last seen up, so each change is logged once, not each retry."""
+    """Whether a dependency was last seen up, so each change is logged once, not each retry.
 
-    def __init__(self, up: bool) -> None:
+    `up=None` means "not known yet": then the first state, either way, is a change.
+    """
+
+    def __init__(self, up: bool | None) -> None:
         self._up = up
         self._lock = threading.Lock()
 
@@ -400,6 +403,10 @@ class GrpcLeases:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # grpc's own reconnect backoff grows to 120 s by default; keep it
+            # within the relay's cap so a restarted outboxd is found promptly.
+            ("grpc.initial_reconnect_backoff_ms", int(RETRY.base * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(RETRY.cap * 1000)),
         ]
         if secure:
             self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(), options)
@@ -460,6 +467,16 @@ def describe(reason: BaseException | None) -> str:
         return "closed"
     if isinstance(reason, (pika.exceptions.ChannelClosed, pika.exceptions.ConnectionClosed)):
         return f"{reason.reply_code} {reason.reply_text}"
+    # pika wraps the cause of a failed connect: one exception per attempt, each
+    # holding e.g. the socket's ConnectionRefusedError.
+    attempts = getattr(reason, "exceptions", None)
+    if attempts:
+        return describe(attempts[-1])
+    cause = getattr(reason, "exception", None)
+    if isinstance(cause, BaseException):
+        return describe(cause)
+    if reason.args and isinstance(reason.args[0], BaseException):
+        return describe(reason.args[0])
     return str(reason) or type(reason).__name__
 
 
@@ -529,7 +546,7 @@ class Broker:
         self._stopping = threading.Event()
         self._slots: list[_Slot] = []
         self._last_error = "not connected yet"
-        self._link = LinkState(up=False)
+        self._link = LinkState(up=None)  # so a broker that is down at start gets its line
         self._thread = threading.Thread(target=self._run, name="amqp-io", daemon=True)
 
     # ---- slot-thread side ------------------------------------------------
@@ -797,8 +814,9 @@ class Broker:
 class AmqpPublisher:
     """One slot's handle on the Broker (see Publisher)."""
 
-    #: How long ready() waits for a connection before reporting "not now".
-    READY_TIMEOUT = 2.0
+    #: How long ready() waits for a connection before reporting "not now"; short,
+    #: because the slot then backs off on the stop event, which a signal interrupts.
+    READY_TIMEOUT = 0.5
 
     def __init__(self, broker: Broker, slot: _Slot) -> None:
         self._broker = broker

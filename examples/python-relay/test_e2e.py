@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import uuid
@@ -112,7 +113,7 @@ def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     started: list[Process] = []
 
     def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        log = tmp_path / f"{name}.log"
+        log = tmp_path / f"{name}-{len(started) + 1}.log"  # a restarted process gets a log of its own
         out = log.open("wb")
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         out.close()
@@ -152,15 +153,20 @@ class Outboxd:
     target: str
     process: Process
 
+    @property
+    def port(self) -> int:
+        return int(self.target.rsplit(":", 1)[1])
+
 
 @pytest.fixture
 def outboxd(database: str, processes: Callable[..., Process]) -> Callable[..., Outboxd]:
     """Starts outboxd against the test database on a free port, ready to serve."""
 
-    def start(*extra: str) -> Outboxd:
+    def start(*extra: str, port: int | None = None) -> Outboxd:
+        """Starts outboxd; pass `port` to bring one back where a killed one was."""
         assert OUTBOXD_BIN.exists(), f"{OUTBOXD_BIN} not found; run `cargo build` or set OUTBOXD_BIN"
-        port = free_port()
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        port = port or free_port()
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
         proc = processes("outboxd", [
             str(OUTBOXD_BIN), "--database-url", database, "--listen", f"127.0.0.1:{port}",
             "--poll-interval", "200ms", *extra,
@@ -210,16 +216,31 @@ def rabbit() -> Iterator[Rabbit]:
             channel.exchange_delete(names.exchange)
 
 
-def start_relay(processes: Callable[..., Process], server: Outboxd, exchange: str, *extra: str) -> Process:
+def start_relay(processes: Callable[..., Process], server: Outboxd, exchange: str, *extra: str,
+                worker_id: str | None = None) -> Process:
     # Flags override any OUTBOX_* / AMQP_URL set in the caller's environment.
     return processes("relay", [
         sys.executable, str(RELAY),
         "--server", server.target,
         "--amqp-url", AMQP_URL,
         "--exchange", exchange,
-        "--worker-id", f"pytest-{uuid.uuid4().hex[:8]}",
+        "--worker-id", worker_id or f"pytest-{uuid.uuid4().hex[:8]}",
         *extra,
     ])
+
+
+def close_amqp_connection(connection_name: str) -> None:
+    """Has RabbitMQ force-close one named client connection (and only that one:
+    other tests may share the broker)."""
+    listing = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout
+    pids = [line.split("\t", 1)[0] for line in listing.splitlines() if connection_name in line]
+    assert pids, f"no RabbitMQ connection named {connection_name!r}:\n{listing}"
+    for pid in pids:
+        subprocess.run(["rabbitmqctl", "close_connection", pid, "closed by test_e2e"],
+                       check=True, capture_output=True, timeout=30)
 
 
 # --------------------------------------------------------------------------
@@ -445,3 +466,67 @@ def test_unroutable_messages_are_nacked_with_the_reason_and_never_published(data
     relay_log = relay.log.read_text(errors="replace")
     assert "releasing unpublished messages" in relay_log and "NO_ROUTE" in relay_log
     assert "Traceback" not in relay_log, relay_log
+
+
+def test_relay_recovers_from_lost_broker_and_server_connections(database: str, outboxd, rabbit: Rabbit,
+                                                                processes) -> None:
+    server = outboxd()
+    with amqp_connection() as conn:
+        channel = conn.channel()
+        channel.queue_declare(rabbit.queue, durable=True)
+        channel.queue_bind(rabbit.queue, rabbit.exchange, routing_key="#")
+    worker_id = f"pytest-{uuid.uuid4().hex[:8]}"
+    relay = start_relay(processes, server, rabbit.exchange, "--batch-size", "20", "--concurrency", "2",
+                        worker_id=worker_id)
+
+    def log_count(text: str) -> int:
+        return relay.log.read_text(errors="replace").count(text)
+
+    # A producer that keeps writing for a few seconds, so the faults below hit
+    # a relay that is busy, with batches in flight.
+    committed: dict[str, Event] = {}
+    producing = threading.Event()
+
+    def paced_producer() -> None:
+        with psycopg.connect(database, autocommit=True) as conn:
+            for txn in range(120):
+                events = [make_event(9, txn, n) for n in range(10)]
+                with conn.transaction(), conn.cursor() as cur:
+                    insert(cur, events)
+                committed.update((e.id, e) for e in events)
+                producing.set()
+                time.sleep(0.03)  # pacing only: spreads the writes over the faults
+
+    consumer = Consumer(rabbit.queue)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            producer = pool.submit(paced_producer)
+            assert consumer.take(lambda: len(consumer.received) >= 50, timeout=DEADLINE), relay.logs()
+
+            # 1. RabbitMQ drops the relay's connection: it reconnects by itself.
+            close_amqp_connection(f"outbox-relay-py {worker_id}")
+            wait_until(lambda: log_count("RabbitMQ connected") >= 2, "the relay reconnects to RabbitMQ",
+                       diagnostics=relay.logs)
+
+            # 2. outboxd dies without warning and comes back on the same port.
+            server.process.popen.kill()
+            server.process.popen.wait()
+            wait_until(lambda: log_count("outboxd unavailable") >= 1, "the relay notices outboxd is gone",
+                       diagnostics=relay.logs)
+            outboxd(port=server.port)
+            producer.result()
+
+        assert consumer.take(lambda: committed.keys() <= consumer.received.keys(), timeout=DEADLINE), \
+            f"{len(committed.keys() - consumer.received.keys())} events lost\n{relay.logs()}"
+        wait_until(lambda: all(r["published_at"] is not None for r in outbox_rows(database).values()),
+                   "every outbox row is published", diagnostics=relay.logs)
+        assert relay.stop() == 0, relay.logs()
+        consumer.drain()
+    finally:
+        consumer.close()
+
+    assert consumer.received.keys() == committed.keys()
+    assert log_count("RabbitMQ unavailable") >= 1 and log_count("outboxd reachable again") >= 1, relay.logs()
+    assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
+    duplicates = sum(len(copies) - 1 for copies in consumer.received.values())
+    print(f"{len(committed)} events through two faults, {duplicates} duplicates")
