@@ -502,7 +502,6 @@ class _Slot:
     next_tag: int = 1
     waiters: list[concurrent.futures.Future[None]] = dataclasses.field(default_factory=list)
     batch: _InFlight | None = None
-    last_warning: str = ""
 
 
 def _resolve(future: concurrent.futures.Future[T], result: T | None = None, error: BaseException | None = None) -> None:
@@ -546,6 +545,7 @@ class Broker:
         self._stopping = threading.Event()
         self._slots: list[_Slot] = []
         self._last_error = "not connected yet"
+        self._channel_warning = ""  # last channel error logged (I/O thread only)
         self._link = LinkState(up=None)  # so a broker that is down at start gets its line
         self._thread = threading.Thread(target=self._run, name="amqp-io", daemon=True)
 
@@ -674,10 +674,12 @@ class Broker:
         if slot.channel is not None and slot.ready and slot.channel.is_open:
             _resolve(future)
             return
+        if self._conn is None or not self._conn.is_open:
+            _resolve(future, error=BrokerUnavailable(self._last_error))  # closing right now
+            return
         slot.waiters.append(future)
         if slot.channel is not None:
             return  # already opening
-        assert self._conn is not None
         channel = self._conn.channel(on_open_callback=lambda ch: self._on_channel_open(slot, ch))
         channel.add_on_close_callback(lambda ch, reason: self._on_channel_closed(slot, ch, reason))
         channel.add_on_return_callback(lambda ch, method, props, _body: self._on_return(slot, ch, method, props))
@@ -687,7 +689,7 @@ class Broker:
         def declared(_frame: object = None) -> None:
             if slot.channel is not channel:
                 return
-            slot.ready, slot.next_tag, slot.last_warning = True, 1, ""
+            slot.ready, slot.next_tag = True, 1
             waiters, slot.waiters = slot.waiters, []
             for waiter in waiters:
                 _resolve(waiter)
@@ -706,9 +708,9 @@ class Broker:
         if slot.channel is not channel:
             return  # one we let go of on purpose
         text = describe(reason)
-        if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and text != slot.last_warning:
-            slot.last_warning = text
-            log.warning("RabbitMQ closed the channel of slot %d: %s", slot.number, text)
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and text != self._channel_warning:
+            self._channel_warning = text  # every slot hits the same cause: one line for all
+            log.warning("RabbitMQ closed a channel: %s", text)
         self._reset_slot(slot, f"channel closed: {text}")
 
     def _reset_slot(self, slot: _Slot, reason: str) -> None:
@@ -744,10 +746,10 @@ class Broker:
                     mandatory=True,
                 )
             except Exception as err:
-                # Not sent, so no delivery tag was used: these are simply unpublished.
-                for j in range(i, len(messages)):
-                    batch.results[j] = failed(f"publish failed: {describe(err)}")
-                break
+                # pika marshals a message completely before writing any of it, so
+                # a failed publish sent nothing and used no delivery tag.
+                batch.results[i] = failed(f"publish failed: {describe(err)}")
+                continue
             slot.next_tag += 1
         ioloop = self._conn.ioloop
         timer = ioloop.call_later(self._confirm_timeout,
@@ -802,6 +804,8 @@ class Broker:
             return
         batch.cancel_timer()
         slot.batch = None
+        if any(r is not None and r.outcome is Outcome.CONFIRMED for r in batch.results):
+            self._channel_warning = ""  # publishing works: the next channel error is news again
         if any(r is not None and r.outcome is Outcome.FAILED for r in batch.results):
             # Whatever failed may have broken the channel, and late confirms must
             # not be counted for the next batch: start afresh next time.
