@@ -1,0 +1,466 @@
+"""Assertions on what Helm's own engine renders from the chart (see helmkit.py for
+how it renders without a cluster). Run through scripts/check-helm."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import helmkit
+import values_doc
+
+CHART = Path(__file__).resolve().parent.parent
+REPO = CHART.parent.parent
+CI_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
+VARIANTS = ["default"] + [p.name for p in CI_FILES]
+
+HOOK = "helm.sh/hook"
+READY_SERVICE = "outbox.v1.OutboxService"
+
+
+# --- which environment variables the binaries read -----------------------------
+
+def _env_names(source: str) -> set[str]:
+    return set(re.findall(r'env\s*=\s*"([A-Z0-9_]+)"', source))
+
+
+def _struct(source: str, name: str) -> str:
+    match = re.search(r"pub struct " + name + r" \{(.*?)\n\}", source, re.S)
+    assert match, f"struct {name} not found"
+    return match.group(1)
+
+
+SERVER_SRC = (REPO / "src/config.rs").read_text()
+RELAY_SRC = (REPO / "src/relay/config.rs").read_text()
+# Standard OpenTelemetry SDK variables both binaries read.
+OTEL = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+}
+# RUST_LOG: tracing-subscriber's EnvFilter. The *_METRICS_LISTEN flags are being
+# added next to this chart; once in the source they are also found by _env_names.
+SERVER_ENV = _env_names(SERVER_SRC) | OTEL | {"RUST_LOG", "OUTBOXD_METRICS_LISTEN"}
+RELAY_ENV = _env_names(RELAY_SRC) | OTEL | {"RUST_LOG", "OUTBOX_RELAY_METRICS_LISTEN"}
+if "LogArgs" in RELAY_SRC:  # the relay flattens the server's log flags
+    RELAY_ENV |= _env_names(_struct(SERVER_SRC, "LogArgs"))
+
+
+# --- rendering ----------------------------------------------------------------
+
+class Rendered:
+    def __init__(self, out: dict[str, Any], values: dict[str, Any]):
+        self.docs: list[dict] = out["manifests"]
+        self.hooks: list[dict] = out["hooks"]
+        self.notes: str = out["notes"]
+        self.values = values
+
+    def all(self) -> list[dict]:
+        return self.docs + self.hooks
+
+    def of(self, kind: str, hooks: bool = True) -> list[dict]:
+        return [d for d in (self.all() if hooks else self.docs) if d["kind"] == kind]
+
+    def one(self, kind: str, component: str | None = None) -> dict:
+        found = [d for d in self.of(kind) if component is None
+                 or d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+        assert len(found) == 1, f"expected one {kind} {component or ''}, got {len(found)}"
+        return found[0]
+
+    def maybe(self, kind: str, component: str | None = None) -> dict | None:
+        found = [d for d in self.of(kind) if component is None
+                 or d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+        assert len(found) <= 1
+        return found[0] if found else None
+
+    def server(self) -> dict:
+        return self.one("Deployment", "server")
+
+    def relay(self) -> dict | None:
+        return self.maybe("Deployment", "relay")
+
+    def job(self) -> dict | None:
+        return self.maybe("Job", "migrations")
+
+    def configmap(self) -> dict:
+        return self.one("ConfigMap")
+
+
+def _values_for(variant: str) -> dict[str, Any]:
+    return {} if variant == "default" else helmkit.load_values(CHART / "ci" / variant)
+
+
+def _merged(values: dict[str, Any]) -> dict[str, Any]:
+    return helmkit._deep_merge(helmkit.load_values(CHART / "values.yaml"), values)
+
+
+@pytest.fixture(scope="session")
+def api():
+    with helmkit.fake_api() as kubeconfig:
+        yield kubeconfig
+
+
+@pytest.fixture(scope="session")
+def render(api):
+    cache: dict[str, Rendered] = {}
+
+    def _render(values: dict[str, Any] | str) -> Rendered:
+        key = values if isinstance(values, str) else json.dumps(values, sort_keys=True)
+        if key not in cache:
+            raw = _values_for(values) if isinstance(values, str) else values
+            out = helmkit.render(CHART, raw, api)
+            out_dir = CHART.parent / ".cache" / "rendered"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if isinstance(values, str):
+                (out_dir / f"{values.removesuffix('.yaml')}.yaml").write_text(
+                    out["manifest"] + "".join("\n---\n" + h for h in out["hook_manifests"]))
+            cache[key] = Rendered(out, _merged(raw))
+        return cache[key]
+
+    return _render
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, render) -> Rendered:
+    return render(request.param)
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc["spec"]["template"]["spec"] if doc["kind"] != "Pod" else doc["spec"]
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def _pod_spec(doc: dict) -> dict:
+    return doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+
+
+def _env(container: dict) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+# --- every variant ------------------------------------------------------------
+
+def test_standard_labels_everywhere(variant):
+    for doc in variant.all():
+        labels = doc["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                    "app.kubernetes.io/managed-by", "app.kubernetes.io/component", "helm.sh/chart"):
+            assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
+
+
+def test_security_context_is_hardened(variant):
+    for doc in variant.all():
+        if doc["kind"] not in ("Deployment", "Job", "Pod"):
+            continue
+        pod = _pod_spec(doc)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod.get("automountServiceAccountToken") is False or doc["kind"] == "Deployment"
+        for c in _containers(doc):
+            sc = c["securityContext"]
+            where = f"{doc['kind']}/{doc['metadata']['name']}/{c['name']}"
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert not sc["capabilities"].get("add"), where
+            assert sc.get("privileged") is False, where
+
+
+def test_grpc_probes_point_at_the_right_services(variant):
+    container = _containers(variant.server())[0]
+    grpc_port = variant.values["containerPorts"]["grpc"]
+    assert {"name": "grpc", "containerPort": grpc_port, "protocol": "TCP"} in container["ports"]
+    expected = {"startupProbe": "", "livenessProbe": "", "readinessProbe": READY_SERVICE}
+    for probe, service in expected.items():
+        spec = container[probe]
+        assert set(spec) & {"httpGet", "exec", "tcpSocket"} == set(), probe
+        assert spec["grpc"] == {"port": grpc_port, "service": service}, probe
+
+
+def test_rolling_update_keeps_capacity_and_grace_outlasts_the_drain(variant):
+    deploy = variant.server()
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = _pod_spec(deploy)
+    pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = variant.values["config"]["drainTimeout"]
+    drain_s = int(re.fullmatch(r"(\d+)s", drain).group(1))
+    assert pod["terminationGracePeriodSeconds"] > drain_s + pause
+    assert variant.configmap()["data"]["OUTBOXD_DRAIN_TIMEOUT"] == drain
+
+
+def test_checksum_annotation_tracks_the_config(variant):
+    annotations = variant.server()["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/config"])
+
+
+def test_topology_spread_selects_own_pods(variant):
+    deploy = variant.server()
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    constraints = _pod_spec(deploy).get("topologySpreadConstraints", [])
+    assert constraints == [] or all(c["labelSelector"]["matchLabels"] == selector for c in constraints)
+
+
+def test_env_vars_are_ones_the_binaries_read(variant):
+    server_env = set(variant.configmap()["data"])
+    for doc in [variant.server()] + ([variant.job()] if variant.job() else []):
+        for c in _containers(doc):
+            server_env |= set(_env(c))
+    unknown = server_env - SERVER_ENV
+    assert not unknown, f"outboxd does not read {sorted(unknown)}"
+    relay = variant.relay()
+    if relay:
+        relay_env = set(_env(_containers(relay)[0]))
+        unknown = relay_env - RELAY_ENV
+        assert not unknown, f"outbox-relay does not read {sorted(unknown)}"
+
+
+def test_database_url_comes_from_a_secret(variant):
+    for doc in [variant.server()] + ([variant.job()] if variant.job() else []):
+        ref = _env(_containers(doc)[0])["DATABASE_URL"]
+        assert set(ref) == {"secretKeyRef"}
+        assert ref["secretKeyRef"]["key"] == variant.values["database"]["existingSecretKey"]
+
+
+def test_migration_hook_only_with_an_existing_secret(variant):
+    inline = bool(variant.values["database"]["url"])
+    job = variant.job()
+    no_migrate = variant.configmap()["data"].get("OUTBOXD_NO_MIGRATE")
+    if inline:
+        assert job is None, "a chart-created Secret does not exist at pre-install time"
+        assert no_migrate is None, "with an inline URL the pods migrate on start"
+        secret = variant.one("Secret")
+        assert HOOK not in secret["metadata"].get("annotations", {})
+    else:
+        assert job is not None
+        assert job["metadata"]["annotations"][HOOK] == "pre-install,pre-upgrade"
+        spec = job["spec"]
+        assert spec["backoffLimit"] == variant.values["migrations"]["backoffLimit"]
+        assert spec["ttlSecondsAfterFinished"] == variant.values["migrations"]["ttlSecondsAfterFinished"]
+        container = _containers(job)[0]
+        assert container["args"] == ["migrate"]
+        assert _env(container)["OUTBOXD_OUTBOXES"] == variant.configmap()["data"]["OUTBOXD_OUTBOXES"]
+        assert no_migrate == "true"
+        assert not variant.of("Secret"), "no chart-created Secret next to an existing one"
+    # Nothing else is a hook except the test pod.
+    for doc in variant.docs:
+        assert HOOK not in (doc["metadata"].get("annotations") or {}), doc["metadata"]["name"]
+
+
+def test_pdb_when_more_than_one_replica(variant):
+    v = variant.values
+    replicas = v["autoscaling"]["minReplicas"] if v["autoscaling"]["enabled"] else v["replicaCount"]
+    wanted = v["podDisruptionBudget"]["enabled"]
+    if wanted is None:
+        wanted = replicas > 1
+    pdb = variant.maybe("PodDisruptionBudget")
+    assert (pdb is not None) == wanted
+    if pdb:
+        assert pdb["spec"]["selector"]["matchLabels"] == variant.server()["spec"]["selector"]["matchLabels"]
+
+
+def test_relay_only_when_enabled(variant):
+    relay = variant.relay()
+    assert (relay is not None) == variant.values["relay"]["enabled"]
+    if relay:
+        container = _containers(relay)[0]
+        env = _env(container)
+        assert env["AMQP_URL"]["secretKeyRef"]["name"] == variant.values["relay"]["amqp"]["existingSecret"]
+        assert env["OUTBOX_SERVER"].startswith("http://")
+        assert container["command"] == ["/usr/local/bin/outbox-relay"]
+        assert _pod_spec(relay)["terminationGracePeriodSeconds"] > 20
+
+
+def test_services(variant):
+    services = {s["metadata"]["name"]: s for s in variant.of("Service")}
+    main = services[variant.server()["metadata"]["name"]]
+    grpc = next(p for p in main["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc["appProtocol"] == "grpc"
+    assert any(p["name"] == "metrics" for p in main["spec"]["ports"])
+    headless = [s for s in services.values() if s["metadata"]["name"].endswith("-headless")]
+    assert bool(headless) == variant.values["headlessService"]["enabled"]
+    for s in headless:
+        assert s["spec"]["clusterIP"] == "None"
+        assert s["spec"]["ports"][0]["appProtocol"] == "grpc"
+
+
+def test_optional_resources_follow_their_switches(variant):
+    v = variant.values
+    assert bool(variant.of("HorizontalPodAutoscaler")) == v["autoscaling"]["enabled"]
+    assert ("replicas" in variant.server()["spec"]) != v["autoscaling"]["enabled"]
+    assert bool(variant.of("ServiceMonitor")) == v["metrics"]["serviceMonitor"]["enabled"]
+    assert bool(variant.of("NetworkPolicy")) == v["networkPolicy"]["enabled"]
+    otel = "OTEL_EXPORTER_OTLP_ENDPOINT" in variant.configmap()["data"]
+    assert otel == v["otel"]["enabled"]
+
+
+def test_helm_test_pod_checks_grpc_health(variant):
+    pods = [h for h in variant.hooks if h["kind"] == "Pod"]
+    assert len(pods) == 1
+    pod = pods[0]
+    assert pod["metadata"]["annotations"][HOOK] == "test"
+    script = pod["spec"]["containers"][0]["command"][-1]
+    assert "grpc.health.v1.Health/Check" in script and READY_SERVICE in script
+    assert f"{variant.server()['metadata']['name']}:{variant.values['service']['port']}" in script
+
+
+def test_notes_explain_how_to_reach_and_check(variant):
+    assert "grpc.health.v1.Health/Check" in variant.notes
+    assert "helm test" in variant.notes
+
+
+# --- specific variants and values ---------------------------------------------
+
+def test_defaults(render):
+    r = render("default")
+    assert r.server()["spec"]["replicas"] == 2
+    assert r.job() is not None
+    assert r.maybe("PodDisruptionBudget") is not None
+    assert r.relay() is None
+
+
+def test_every_config_value_maps_to_one_env_var(render):
+    # values.yaml names each config key's variable in its comment: "(OUTBOXD_...)".
+    docs = dict(values_doc.documented())
+    defaults = helmkit.load_values(CHART / "values.yaml")["config"]
+    names = {}
+    for key in defaults:
+        found = re.findall(r"\(((?:OUTBOXD|RUST)_[A-Z_]+)\)", docs[f"config.{key}"])
+        assert len(found) == 1, f"config.{key}: its comment must name one variable"
+        names[key] = found[0]
+    assert len(set(names.values())) == len(names), "two values set the same variable"
+    changed = {}
+    for key, value in defaults.items():
+        if key == "outboxes":
+            changed[key] = [{"name": "a", "table": "s.t"}]
+        elif isinstance(value, str) and re.fullmatch(r"\d+(ms|s|m|h|d)", value):
+            changed[key] = "7" + value  # still a duration, and different
+        elif isinstance(value, (int, float)):
+            changed[key] = 0.5 if key == "backoffJitter" else 3
+        else:
+            changed[key] = {"logFormat": "text"}.get(key, "debug")
+    base = render("default").configmap()["data"]
+    data = render({"config": changed}).configmap()["data"]
+    diff = {k for k in set(base) | set(data) if base.get(k) != data.get(k)}
+    assert diff == set(names.values())
+    for key, name in names.items():
+        expected = "a=s.t" if key == "outboxes" else str(changed[key])
+        assert data[name] == expected, key
+    # An empty string leaves each variable to outboxd's default.
+    emptied = render({"config": {k: "" for k in defaults if k != "outboxes"}}).configmap()["data"]
+    assert set(base) - set(emptied) == set(names.values()) - {"OUTBOXD_OUTBOXES"}
+
+
+def test_outboxes_render_with_options(render):
+    data = render("all-options-values.yaml").configmap()["data"]
+    assert data["OUTBOXD_OUTBOXES"] == (
+        "default=public.outbox,orders=sales.outbox:backoff_base=2s:max_attempts=3:retention=0")
+
+
+def test_config_change_rolls_the_pods(render):
+    a = render("default").server()["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    b = render({"config": {"maxBatch": 10}}).server()["spec"]["template"]["metadata"]["annotations"]
+    assert a != b["checksum/config"]
+
+
+def test_inline_url_is_dev_only_secret(render):
+    r = render("dev-inline-url-values.yaml")
+    secret = r.one("Secret")
+    assert secret["stringData"] == {"database-url": "postgres://outboxd:devpassword@postgres.dev.svc:5432/outboxd"}
+    assert "WARNING" in r.notes
+    annotations = r.server()["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/secret" in annotations
+
+
+def test_existing_service_account_runs_the_job(render):
+    r = render("existing-secret-values.yaml")
+    assert _pod_spec(r.job())["serviceAccountName"] == "payments-outboxd"
+    assert not r.of("ServiceAccount")
+    # With a chart-created account the Job cannot use it at pre-install time.
+    assert "serviceAccountName" not in _pod_spec(render("default").job())
+
+
+def test_migration_modes(render):
+    none = render({"migrations": {"mode": "none"}})
+    assert none.job() is None and none.configmap()["data"]["OUTBOXD_NO_MIGRATE"] == "true"
+    on_start = render({"migrations": {"mode": "onStart"}})
+    assert on_start.job() is None and "OUTBOXD_NO_MIGRATE" not in on_start.configmap()["data"]
+
+
+def test_pdb_switches(render):
+    assert render({"replicaCount": 1}).maybe("PodDisruptionBudget") is None
+    assert render({"replicaCount": 1, "podDisruptionBudget": {"enabled": True}}).maybe("PodDisruptionBudget")
+    assert render({"podDisruptionBudget": {"enabled": False}}).maybe("PodDisruptionBudget") is None
+
+
+def test_all_options(render):
+    r = render("all-options-values.yaml")
+    image = _containers(r.server())[0]["image"]
+    assert image.endswith("@sha256:" + "0123456789abcdef" * 4)
+    assert _containers(r.relay())[0]["image"] == image
+    assert _pod_spec(r.server())["terminationGracePeriodSeconds"] == 60
+    assert r.one("PodDisruptionBudget")["spec"] == {
+        "minAvailable": 2, "selector": r.server()["spec"]["selector"]}
+    policies = {p["metadata"]["name"]: p for p in r.of("NetworkPolicy")}
+    server_policy = policies[r.server()["metadata"]["name"]]
+    egress = json.dumps(server_policy["spec"]["egress"])
+    assert "10.20.0.0/16" in egress and '"port": 53' in egress and '"port": 4317' in egress
+    assert len(r.of("ServiceMonitor")) == 2
+    relay_env = _env(_containers(r.relay())[0])
+    assert relay_env["OUTBOX_RELAY_NO_DECLARE"] == "true"
+    assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
+    assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9090"
+
+
+@pytest.mark.parametrize("values, reason", [
+    ({"database": {"url": "postgres://u:p@db/x"}, "migrations": {"mode": "job"}}, "pre-install"),
+    ({"database": {"existingSecret": ""}}, "existingSecret"),
+    ({"relay": {"enabled": True}}, "existingSecret"),
+    ({"terminationGracePeriodSeconds": 20}, "terminationGracePeriodSeconds"),
+    ({"config": {"drainTimeout": "20 seconds"}}, "drainTimeout"),
+    ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
+    ({"otel": {"enabled": True}}, "endpoint"),
+    ({"migrations": {"mode": "sometimes"}}, "mode"),
+    ({"replicaCont": 3}, "replicaCont"),
+])
+def test_bad_values_are_refused(render, values, reason):
+    with pytest.raises(helmkit.RenderError, match=reason):
+        render(values)
+
+
+# --- values.yaml documentation and schema coverage ----------------------------
+
+def test_every_value_is_documented():
+    assert values_doc.undocumented() == []
+
+
+def test_schema_covers_every_value():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = helmkit.load_values(CHART / "values.yaml")
+
+    def walk(node: Any, sch: dict, path: str) -> list[str]:
+        missing = []
+        if isinstance(node, dict):
+            props = sch.get("properties")
+            if props is None:
+                if sch.get("type") != "object":
+                    missing.append(path)
+                return missing
+            for key, value in node.items():
+                sub = f"{path}.{key}" if path else key
+                if key not in props:
+                    missing.append(sub)
+                else:
+                    missing += walk(value, props[key], sub)
+        return missing
+
+    assert walk(values, schema, "") == []
+
+
+def test_readme_values_table_is_current():
+    _, expected = values_doc._readme_with(values_doc.table())
+    assert (CHART / "README.md").read_text() == expected, \
+        "run: python helm/outboxd/ci/values_doc.py --write"

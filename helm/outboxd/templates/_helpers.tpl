@@ -1,0 +1,316 @@
+{{/*
+Names. Kubernetes names are limited to 63 characters; suffixes are kept inside it.
+*/}}
+{{- define "outboxd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "outboxd.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A name with a suffix, shortened so that name-suffix fits in 63 characters. */}}
+{{- define "outboxd.suffixed" -}}
+{{- $ctx := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "outboxd.fullname" $ctx | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{- define "outboxd.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels. "outboxd.labels" takes (list $ctx "component").
+*/}}
+{{- define "outboxd.selectorLabels" -}}
+{{- $ctx := index . 0 -}}
+app.kubernetes.io/name: {{ include "outboxd.name" $ctx }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "outboxd.labels" -}}
+{{- $ctx := index . 0 -}}
+helm.sh/chart: {{ include "outboxd.chart" $ctx }}
+{{ include "outboxd.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "outboxd.imageTag" $ctx | trunc 63 | quote }}
+app.kubernetes.io/part-of: outboxd
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+{{- with $ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "outboxd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "outboxd.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Images.
+*/}}
+{{- define "outboxd.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{- define "outboxd.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "outboxd.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "outboxd.relayImage" -}}
+{{- $repo := default .Values.image.repository .Values.relay.image.repository }}
+{{- if and (not .Values.relay.image.repository) (not .Values.relay.image.tag) .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default (include "outboxd.imageTag" .) .Values.relay.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Database and migrations.
+*/}}
+{{- define "outboxd.inlineDatabase" -}}
+{{- if .Values.database.url }}true{{ end }}
+{{- end }}
+
+{{- define "outboxd.databaseSecretName" -}}
+{{- if .Values.database.url }}
+{{- include "outboxd.suffixed" (list . "database") }}
+{{- else }}
+{{- required "database.existingSecret (a Secret holding the PostgreSQL URL) or, for development, database.url is required" .Values.database.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* The effective migration mode: job, onStart or none. */}}
+{{- define "outboxd.migrationMode" -}}
+{{- $mode := .Values.migrations.mode }}
+{{- if eq $mode "auto" }}
+{{- if .Values.database.url }}onStart{{ else }}job{{ end }}
+{{- else if eq $mode "job" }}
+{{- if .Values.database.url }}
+{{- fail "migrations.mode=job needs database.existingSecret: a chart-created Secret (database.url) does not exist yet when the pre-install hook runs. Use mode auto or onStart with database.url." }}
+{{- end }}job
+{{- else if has $mode (list "onStart" "none") }}
+{{- $mode }}
+{{- else }}
+{{- fail (printf "migrations.mode must be auto, job, onStart or none, not %q" $mode) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Durations: "outboxd.seconds" turns a compact duration (20s, 1m30s, 500ms, 0) into
+whole seconds, rounded up.
+*/}}
+{{- define "outboxd.seconds" -}}
+{{- $raw := toString . }}
+{{- if eq $raw "0" }}0{{ else }}
+{{- $parts := regexFindAll "[0-9]+(ns|us|ms|s|m|h|d|w)" $raw -1 }}
+{{- if or (not $parts) (ne (join "" $parts) $raw) }}
+{{- fail (printf "cannot read the duration %q (use a compact form such as 500ms, 20s, 1m30s)" $raw) }}
+{{- end }}
+{{- $ms := 0 }}
+{{- range $parts }}
+{{- $n := regexFind "^[0-9]+" . | int64 }}
+{{- $unit := regexFind "[a-z]+$" . }}
+{{- $factor := index (dict "ns" 0 "us" 0 "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000) $unit | int64 }}
+{{- $ms = add $ms (mul $n $factor) }}
+{{- end }}
+{{- div (add $ms 999) 1000 }}
+{{- end }}
+{{- end }}
+
+{{- define "outboxd.terminationGracePeriodSeconds" -}}
+{{- $drain := include "outboxd.seconds" (default "20s" .Values.config.drainTimeout) | int }}
+{{- $pause := int .Values.preStopSleepSeconds }}
+{{- $grace := int .Values.terminationGracePeriodSeconds }}
+{{- if eq $grace 0 }}
+{{- add $drain $pause 10 }}
+{{- else if le $grace (add $drain $pause) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed config.drainTimeout (%ds) + preStopSleepSeconds (%d), or the kubelet kills outboxd mid-drain" $grace $drain $pause) }}
+{{- else }}
+{{- $grace }}
+{{- end }}
+{{- end }}
+
+{{/*
+outboxd configuration as environment variables: one value, one variable. Renders a
+YAML map NAME: "value"; empty values are left out so outboxd's default applies.
+*/}}
+{{- define "outboxd.configEnv" -}}
+{{- $c := .Values.config }}
+{{- $env := dict }}
+{{- $names := dict
+  "dbMaxConnections" "OUTBOXD_DB_MAX_CONNECTIONS"
+  "dbAcquireTimeout" "OUTBOXD_DB_ACQUIRE_TIMEOUT"
+  "maxBatch" "OUTBOXD_MAX_BATCH"
+  "defaultLease" "OUTBOXD_DEFAULT_LEASE"
+  "minLease" "OUTBOXD_MIN_LEASE"
+  "maxLease" "OUTBOXD_MAX_LEASE"
+  "maxWait" "OUTBOXD_MAX_WAIT"
+  "pollInterval" "OUTBOXD_POLL_INTERVAL"
+  "maxAttempts" "OUTBOXD_MAX_ATTEMPTS"
+  "backoffBase" "OUTBOXD_BACKOFF_BASE"
+  "backoffFactor" "OUTBOXD_BACKOFF_FACTOR"
+  "backoffMax" "OUTBOXD_BACKOFF_MAX"
+  "backoffJitter" "OUTBOXD_BACKOFF_JITTER"
+  "retention" "OUTBOXD_RETENTION"
+  "retentionInterval" "OUTBOXD_RETENTION_INTERVAL"
+  "retentionBatch" "OUTBOXD_RETENTION_BATCH"
+  "healthInterval" "OUTBOXD_HEALTH_INTERVAL"
+  "drainTimeout" "OUTBOXD_DRAIN_TIMEOUT"
+  "logFormat" "OUTBOXD_LOG_FORMAT"
+  "rustLog" "RUST_LOG"
+}}
+{{- range $key, $name := $names }}
+{{- $v := get $c $key }}
+{{- if and (not (kindIs "invalid" $v)) (ne (toString $v) "") }}
+{{- $_ := set $env $name (toString $v) }}
+{{- end }}
+{{- end }}
+{{- $outboxes := list }}
+{{- range $c.outboxes }}
+{{- $spec := printf "%s=%s" .name .table }}
+{{- range $opt, $val := (.options | default dict) }}
+{{- $spec = printf "%s:%s=%v" $spec $opt $val }}
+{{- end }}
+{{- $outboxes = append $outboxes $spec }}
+{{- end }}
+{{- if $outboxes }}
+{{- $_ := set $env "OUTBOXD_OUTBOXES" (join "," $outboxes) }}
+{{- end }}
+{{- $_ := set $env "OUTBOXD_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc)) }}
+{{- $_ := set $env "OUTBOXD_METRICS_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.metrics)) }}
+{{- if eq (include "outboxd.migrationMode" .) "onStart" | not }}
+{{- $_ := set $env "OUTBOXD_NO_MIGRATE" "true" }}
+{{- end }}
+{{- include "outboxd.otelEnvMap" (list . "outboxd") | fromYaml | merge $env | toYaml }}
+{{- end }}
+
+{{/* OTEL_* variables as a YAML map; takes (list $ctx "default service name"). */}}
+{{- define "outboxd.otelEnvMap" -}}
+{{- $ctx := index . 0 }}
+{{- $o := $ctx.Values.otel }}
+{{- $env := dict }}
+{{- if $o.enabled }}
+{{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" (required "otel.endpoint is required when otel.enabled" $o.endpoint) }}
+{{- $_ := set $env "OTEL_SERVICE_NAME" (default (index . 1) $o.serviceName) }}
+{{- with $o.protocol }}{{ $_ := set $env "OTEL_EXPORTER_OTLP_PROTOCOL" . }}{{ end }}
+{{- with $o.tracesSampler }}{{ $_ := set $env "OTEL_TRACES_SAMPLER" . }}{{ end }}
+{{- with $o.tracesSamplerArg }}{{ $_ := set $env "OTEL_TRACES_SAMPLER_ARG" (toString .) }}{{ end }}
+{{- $attrs := list }}
+{{- range $k, $v := $o.resourceAttributes }}
+{{- $attrs = append $attrs (printf "%s=%v" $k $v) }}
+{{- end }}
+{{- if $attrs }}
+{{- $_ := set $env "OTEL_RESOURCE_ATTRIBUTES" (join "," $attrs) }}
+{{- end }}
+{{- end }}
+{{- toYaml $env }}
+{{- end }}
+
+{{/* A YAML map rendered as a container env list. */}}
+{{- define "outboxd.envList" -}}
+{{- range $name, $value := . }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The DATABASE_URL env entry, from the Secret. */}}
+{{- define "outboxd.databaseEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "outboxd.databaseSecretName" . }}
+      key: {{ .Values.database.existingSecretKey }}
+{{- end }}
+
+{{/* Spread constraints with labelSelector filled in; takes (list $constraints $selectorLabelsYaml). */}}
+{{- define "outboxd.topologySpread" -}}
+{{- $selector := index . 1 | fromYaml }}
+{{- range index . 0 }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+- {{ toYaml $c | nindent 2 | trim }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the PodDisruptionBudget is rendered ("true" or empty). */}}
+{{- define "outboxd.pdbEnabled" -}}
+{{- $p := .Values.podDisruptionBudget }}
+{{- if kindIs "invalid" $p.enabled }}
+{{- if .Values.autoscaling.enabled }}
+{{- if gt (int .Values.autoscaling.minReplicas) 1 }}true{{ end }}
+{{- else if gt (int .Values.replicaCount) 1 }}true{{ end }}
+{{- else if $p.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The gRPC address relays use. */}}
+{{- define "outboxd.serverURL" -}}
+{{- default (printf "http://%s.%s.svc:%d" (include "outboxd.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.relay.server }}
+{{- end }}
+
+{{/*
+NetworkPolicy peers from {cidrs, namespaceSelector, podSelector}: the CIDRs when
+given, else the selectors (an empty namespaceSelector means the release namespace).
+*/}}
+{{- define "outboxd.peers" -}}
+{{- if .cidrs }}
+{{- range .cidrs }}
+- ipBlock:
+    cidr: {{ . }}
+{{- end }}
+{{- else }}
+- podSelector:
+    {{- toYaml (.podSelector | default dict) | nindent 4 }}
+  {{- with .namespaceSelector }}
+  namespaceSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Egress rules every chart pod needs: DNS, and the OTLP collector with otel on. */}}
+{{- define "outboxd.commonEgress" -}}
+{{- $np := .Values.networkPolicy }}
+{{- if $np.egress.dns.enabled }}
+- to:
+    - namespaceSelector:
+        {{- toYaml $np.egress.dns.namespaceSelector | nindent 8 }}
+      podSelector:
+        {{- toYaml $np.egress.dns.podSelector | nindent 8 }}
+  ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}
+{{- if .Values.otel.enabled }}
+- to:
+    {{- include "outboxd.peers" $np.egress.otlp | trim | nindent 4 }}
+  ports:
+    {{- range $np.egress.otlp.ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
+{{- end }}
