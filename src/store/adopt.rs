@@ -2,6 +2,8 @@
 //! missing. Catalog checks come first, so a table that is already in shape costs
 //! no DDL and no lock at all: many replicas restart against a hot table daily.
 
+use std::time::Duration;
+
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::StoreError;
@@ -64,15 +66,12 @@ const TRIGGER: &str = "outboxd_notify";
 
 /// Serialises adoption across replicas starting at once (any constant works;
 /// this one spells "outboxd" in ASCII).
-const ADOPT_LOCK: i64 = 0x6f75_7462_6f78_64;
+const ADOPT_LOCK: i64 = 0x006f_7574_626f_7864;
 
 pub(crate) async fn adopt(pool: &PgPool, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
     if mode == AdoptMode::Create {
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(ADOPT_LOCK)
-            .execute(&mut *conn)
-            .await?;
+        lock_adoption(&mut conn).await?;
     }
     let result = adopt_locked(&mut conn, table, mode).await;
     if mode == AdoptMode::Create {
@@ -83,6 +82,23 @@ pub(crate) async fn adopt(pool: &PgPool, table: &TableRef, mode: AdoptMode) -> R
             .await;
     }
     result
+}
+
+/// Takes the adoption lock by polling, never by queueing in `pg_advisory_lock`:
+/// a session blocked there holds a snapshot, and CREATE INDEX CONCURRENTLY in
+/// the session that has the lock waits for every older snapshot to end. Replicas
+/// starting together would deadlock, and one of them would fail to start.
+async fn lock_adoption(conn: &mut PgConnection) -> Result<(), StoreError> {
+    loop {
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(ADOPT_LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+        if locked {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
