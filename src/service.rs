@@ -44,6 +44,12 @@ impl OutboxService {
             let mut registration =
                 (!req.wait.is_zero()).then(|| self.wakeup.register(outbox, req.max_messages));
             let batch = self.store.claim(req).await?;
+            if batch.messages.is_empty() && !batch.dead_lettered.is_empty() {
+                // Every row this claim reached was past max attempts and is now
+                // dead-lettered, which never comes back: look again at once
+                // rather than answer "nothing to do" while later rows wait.
+                continue;
+            }
             if !batch.messages.is_empty() {
                 if woken && batch.messages.len() == req.max_messages as usize {
                     // A full batch suggests more work than the notification said
