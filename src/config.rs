@@ -65,7 +65,12 @@ pub struct DatabaseArgs {
     /// An outbox: NAME=SCHEMA.TABLE[:key=value...]. Repeatable; options are
     /// max_attempts, retention, backoff_base, backoff_factor, backoff_max.
     /// Default: default=public.outbox.
-    #[arg(long = "outbox", env = "OUTBOXD_OUTBOXES", value_delimiter = ',', value_name = "NAME=SCHEMA.TABLE")]
+    #[arg(
+        long = "outbox",
+        env = "OUTBOXD_OUTBOXES",
+        value_delimiter = ',',
+        value_name = "NAME=SCHEMA.TABLE"
+    )]
     pub outboxes: Vec<OutboxArg>,
 
     /// Deliveries before a message is dead-lettered (per-outbox option: max_attempts).
@@ -104,6 +109,15 @@ pub struct ServeArgs {
     /// gRPC listen address.
     #[arg(long, env = "OUTBOXD_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
+
+    /// Prometheus metrics address (`GET /metrics`).
+    #[arg(long, env = "OUTBOXD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// How often each outbox's gauges (pending, in flight, oldest age...) are
+    /// sampled, by one query per outbox.
+    #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", value_parser = parse_duration, default_value = "5s")]
+    pub metrics_interval: Duration,
 
     /// Skip migrations and table adoption at start (a migration Job runs them);
     /// the tables are still checked.
@@ -168,6 +182,8 @@ pub struct DatabaseConfig {
 pub struct Config {
     pub database: DatabaseConfig,
     pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub metrics_interval: Duration,
     pub migrate: bool,
     pub limits: Limits,
     pub poll_interval: Duration,
@@ -229,7 +245,10 @@ impl DatabaseArgs {
             }
             let spec = arg.resolve(&defaults);
             if spec.policy.backoff.base > spec.policy.backoff.cap {
-                return Err(format!("--outbox {}: backoff_base exceeds backoff_max", arg.name));
+                return Err(format!(
+                    "--outbox {}: backoff_base exceeds backoff_max",
+                    arg.name
+                ));
             }
             outboxes.push(spec);
         }
@@ -259,6 +278,7 @@ impl ServeArgs {
             ("--poll-interval", self.poll_interval),
             ("--retention-interval", self.retention_interval),
             ("--health-interval", self.health_interval),
+            ("--metrics-interval", self.metrics_interval),
         ] {
             if value.is_zero() {
                 return Err(format!("{flag} must be positive"));
@@ -270,6 +290,8 @@ impl ServeArgs {
         Ok(Config {
             database,
             listen: self.listen,
+            metrics_listen: self.metrics_listen,
+            metrics_interval: self.metrics_interval,
             migrate: !self.no_migrate,
             limits: Limits {
                 max_batch: self.max_batch,
@@ -317,7 +339,10 @@ mod tests {
         assert_eq!(config.poll_interval, Duration::from_millis(500));
         assert_eq!(config.database.outboxes.len(), 1);
         let default = &config.database.outboxes[0];
-        assert_eq!((default.name.as_str(), default.table.to_string()), ("default", "public.outbox".into()));
+        assert_eq!(
+            (default.name.as_str(), default.table.to_string()),
+            ("default", "public.outbox".into())
+        );
         assert_eq!(default.policy.max_attempts, 10);
         assert_eq!(default.policy.retention, Duration::from_secs(7 * 24 * 3600));
         assert!(config.migrate);
@@ -337,7 +362,17 @@ mod tests {
         assert!(serve(&["--database-url", "mysql://x/y"]).is_err());
         assert!(serve(&["--database-url", url, "--max-batch", "0"]).is_err());
         assert!(serve(&["--database-url", url, "--default-lease", "1h"]).is_err());
-        assert!(serve(&["--database-url", url, "--outbox", "a=public.x", "--outbox", "a=public.y"]).is_err());
+        assert!(
+            serve(&[
+                "--database-url",
+                url,
+                "--outbox",
+                "a=public.x",
+                "--outbox",
+                "a=public.y"
+            ])
+            .is_err()
+        );
         assert!(serve(&["--database-url", url, "--poll-interval", "0"]).is_err());
         assert!(serve(&["--database-url", url, "--outbox", "bad"]).is_err());
     }

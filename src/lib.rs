@@ -17,6 +17,7 @@ pub mod config;
 mod error;
 pub mod grpc;
 pub mod lease;
+pub mod metrics;
 pub mod outbox;
 pub mod relay;
 pub mod server;

@@ -49,12 +49,9 @@ impl TableRef {
         if full.len() <= 63 {
             return full;
         }
-        let hash = self
-            .table
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
+        let hash = self.table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
         let keep = 63 - suffix.len() - 10;
         format!("{}_{:08x}_{}", &self.table[..keep], hash as u32, suffix)
     }

@@ -12,6 +12,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     config::{Config, DatabaseConfig},
+    metrics::{self, Metrics, ServerMetrics},
     grpc::{
         OutboxApi,
         pb::{self, outbox_service_server::OutboxServiceServer},
@@ -72,11 +73,12 @@ pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> anyhow:
     Ok(())
 }
 
-/// A server whose database is ready and whose port is bound, not yet serving.
+/// A server whose database is ready and whose ports are bound, not yet serving.
 pub struct Server {
     config: Config,
     store: PgStore,
     listener: TcpListener,
+    metrics_listener: TcpListener,
 }
 
 impl Server {
@@ -94,15 +96,21 @@ impl Server {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
+        let metrics_listener = metrics::bind(config.metrics_listen).await?;
         Ok(Self {
             config,
             store,
             listener,
+            metrics_listener,
         })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> std::io::Result<SocketAddr> {
+        self.metrics_listener.local_addr()
     }
 
     /// Serves until `shutdown`, then stops in order, each step bounded: health
@@ -113,16 +121,38 @@ impl Server {
             config,
             store,
             listener,
+            metrics_listener,
         } = self;
         let addr = listener.local_addr()?;
         let wakeup = Wakeup::new(store.specs().map(|s| s.name.clone()));
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_service_status(SERVICE_NAME, ServingStatus::Serving).await;
+        health
+            .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+            .await;
+
+        let metrics = Metrics::new("outboxd")?;
+        let server_metrics = ServerMetrics::new(&metrics);
 
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(wakeup::listen(store.clone(), Arc::clone(&wakeup), background.clone()));
-        tasks.spawn(check_health(store.clone(), health.clone(), config.health_interval, shutdown.clone()));
+        tasks.spawn(metrics::serve(metrics_listener, metrics.clone(), background.clone()));
+        tasks.spawn(sample_gauges(
+            store.clone(),
+            server_metrics.clone(),
+            config.metrics_interval,
+            background.clone(),
+        ));
+        tasks.spawn(wakeup::listen(
+            store.clone(),
+            Arc::clone(&wakeup),
+            background.clone(),
+        ));
+        tasks.spawn(check_health(
+            store.clone(),
+            health.clone(),
+            config.health_interval,
+            shutdown.clone(),
+        ));
         tasks.spawn(retention(
             store.clone(),
             config.retention_interval,
@@ -130,8 +160,14 @@ impl Server {
             background.clone(),
         ));
 
-        let service = OutboxService::new(store.clone(), wakeup, config.poll_interval, shutdown.clone());
-        let api = OutboxApi::new(service, config.limits.clone());
+        let service = OutboxService::new(
+            store.clone(),
+            wakeup,
+            config.poll_interval,
+            shutdown.clone(),
+            server_metrics.clone(),
+        );
+        let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
         let reflection = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -175,10 +211,14 @@ impl Server {
         }
         background.cancel();
         tasks.close();
-        if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("background tasks did not stop in time");
         }
         store.pool().close().await;
+        metrics.shutdown(Duration::from_secs(5)).await;
         tracing::info!("stopped");
         Ok(())
     }
@@ -191,7 +231,12 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 
 /// SERVING only while the database answers; stops at shutdown so nothing flips
 /// the status back while draining.
-async fn check_health(store: PgStore, health: HealthReporter, every: Duration, shutdown: CancellationToken) {
+async fn check_health(
+    store: PgStore,
+    health: HealthReporter,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     let mut serving = true;
     loop {
         tokio::select! {
@@ -214,6 +259,32 @@ async fn check_health(store: PgStore, health: HealthReporter, every: Duration, s
                 tracing::warn!("database does not answer: NOT_SERVING");
                 set_health(&health, ServingStatus::NotServing).await;
             }
+        }
+    }
+}
+
+/// Samples each outbox's gauges: one query per outbox per interval, whatever
+/// the scrape rate, using the pending-rows index.
+async fn sample_gauges(store: PgStore, metrics: ServerMetrics, every: Duration, cancel: CancellationToken) {
+    let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
+    let mut failing = false;
+    loop {
+        for name in &names {
+            match store.gauges(name).await {
+                Ok(stats) => {
+                    metrics.set_gauges(name, stats);
+                    failing = false;
+                }
+                Err(err) if !failing => {
+                    tracing::warn!(outbox = %name, error = %err, "gauge sampling failed; keeping the last values");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The use cases behind the API. Everything but ClaimBatch is one store call;
 //! ClaimBatch adds the long poll: claim, and if nothing was claimable wait for a
 //! notification, a poll tick, the deadline or shutdown, then claim again.
+//! Here, too, each outcome is counted and each ended lease reported as a span.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error,
-    lease::{AckRequest, ClaimRequest, ExtendRequest, NackRequest, StatsRequest},
+    lease::{AckRequest, ClaimRequest, ExtendRequest, NackRequest, Outcome, StatsRequest},
+    metrics::ServerMetrics,
     store::{ClaimedBatch, PgStore, Settled, Stats},
+    telemetry::{LeaseOutcome, record_lease},
     wakeup::Wakeup,
 };
 
@@ -22,15 +25,23 @@ pub struct OutboxService {
     poll_interval: Duration,
     /// Cancelled when shutdown starts: long polls return their empty batch at once.
     stopping: CancellationToken,
+    metrics: ServerMetrics,
 }
 
 impl OutboxService {
-    pub fn new(store: PgStore, wakeup: Arc<Wakeup>, poll_interval: Duration, stopping: CancellationToken) -> Self {
+    pub fn new(
+        store: PgStore,
+        wakeup: Arc<Wakeup>,
+        poll_interval: Duration,
+        stopping: CancellationToken,
+        metrics: ServerMetrics,
+    ) -> Self {
         Self {
             store,
             wakeup,
             poll_interval,
             stopping,
+            metrics,
         }
     }
 
@@ -44,6 +55,7 @@ impl OutboxService {
             let mut registration =
                 (!req.wait.is_zero()).then(|| self.wakeup.register(outbox, req.max_messages));
             let batch = self.store.claim(req).await?;
+            self.observe_claim(outbox, &batch);
             if batch.messages.is_empty() && !batch.dead_lettered.is_empty() {
                 // Every row this claim reached was past max attempts and is now
                 // dead-lettered, which never comes back: look again at once
@@ -66,7 +78,9 @@ impl OutboxService {
                 return Ok(batch);
             }
             // Jitter keeps a crowd of waiters from polling in lockstep.
-            let tick = self.poll_interval.mul_f64(rand::rng().random_range(0.8..1.2));
+            let tick = self
+                .poll_interval
+                .mul_f64(rand::rng().random_range(0.8..1.2));
             let nap = tick.min(deadline - now);
             woken = tokio::select! {
                 () = self.stopping.cancelled() => return Ok(batch),
@@ -77,18 +91,56 @@ impl OutboxService {
     }
 
     pub async fn ack(&self, req: &AckRequest) -> Result<Settled, Error> {
-        Ok(self.store.ack(req).await?)
+        let settled = self.store.ack(req).await?;
+        let outbox = req.outbox.as_str();
+        self.metrics.acked(outbox, count(&settled, Outcome::Ok));
+        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        for lease in &settled.ended {
+            let seconds = (lease.ended_at - lease.created_at).as_seconds_f64();
+            self.metrics.commit_to_ack(outbox, seconds);
+            record_lease(outbox, lease, LeaseOutcome::Ok);
+        }
+        Ok(settled)
     }
 
     pub async fn nack(&self, req: &NackRequest) -> Result<Settled, Error> {
-        Ok(self.store.nack(req).await?)
+        let settled = self.store.nack(req).await?;
+        let outbox = req.outbox.as_str();
+        self.metrics.nacked(outbox, count(&settled, Outcome::Ok));
+        self.metrics.dead_lettered(outbox, count(&settled, Outcome::DeadLettered));
+        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        for lease in &settled.ended {
+            let outcome = if lease.dead_lettered {
+                LeaseOutcome::DeadLettered
+            } else {
+                LeaseOutcome::Nacked
+            };
+            record_lease(outbox, lease, outcome);
+        }
+        Ok(settled)
     }
 
     pub async fn extend(&self, req: &ExtendRequest) -> Result<Settled, Error> {
-        Ok(self.store.extend(req).await?)
+        let settled = self.store.extend(req).await?;
+        let outbox = req.outbox.as_str();
+        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        Ok(settled)
+    }
+
+    fn observe_claim(&self, outbox: &str, batch: &ClaimedBatch) {
+        self.metrics.claimed(outbox, batch.messages.len());
+        self.metrics.dead_lettered(outbox, batch.dead_lettered.len());
+        self.metrics.leases_expired(outbox, batch.expired_leases.len());
+        for lease in &batch.expired_leases {
+            record_lease(outbox, lease, LeaseOutcome::Expired);
+        }
     }
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<Stats, Error> {
         Ok(self.store.stats(req.outbox.as_str()).await?)
     }
+}
+
+fn count(settled: &Settled, outcome: Outcome) -> usize {
+    settled.results.iter().filter(|r| r.outcome == outcome).count()
 }

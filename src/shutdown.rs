@@ -15,7 +15,10 @@ pub fn on_signals() -> std::io::Result<CancellationToken> {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        tracing::info!(signal = name, "shutting down; a second signal exits at once");
+        tracing::info!(
+            signal = name,
+            "shutting down; a second signal exits at once"
+        );
         first.cancel();
         let code = tokio::select! {
             _ = term.recv() => 128 + 15,

@@ -1,23 +1,180 @@
-//! Logging set-up: `RUST_LOG`-style filtering, text or JSON lines.
+//! Process-wide telemetry: logs (text or JSON, `RUST_LOG` filter, trace and span
+//! ids on JSON lines inside a span) and traces (OpenTelemetry, exported over
+//! OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set).
+//!
+//! Traps handled here: the Rust SDK ignores `OTEL_PROPAGATORS`, so the W3C
+//! trace-context propagator is set in code; tracing-opentelemetry needs the SDK
+//! tracer, not the global boxed one; and spans are exported by a batch processor
+//! on the tokio runtime, because the default one exports from a plain thread
+//! where the tonic exporter finds no reactor.
 
-use tracing_subscriber::{EnvFilter, fmt, layer::SubscriberExt, util::SubscriberInitExt};
+use std::time::Duration;
+
+use opentelemetry::{KeyValue, global, trace::TracerProvider as _};
+use opentelemetry_sdk::{
+    Resource,
+    propagation::TraceContextPropagator,
+    runtime,
+    trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
+};
+use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, layer::SubscriberExt, util::SubscriberInitExt};
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Idempotent, so tests may call it repeatedly.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
-    let _ = match format {
-        LogFormat::Text => registry.with(fmt::layer().with_target(false)).try_init(),
-        LogFormat::Json => registry
-            .with(
-                fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(false),
-            )
-            .try_init(),
+/// The semantic-conventions version spans and attributes follow.
+pub const SEMCONV_SCHEMA_URL: &str = opentelemetry_semantic_conventions::SCHEMA_URL;
+
+/// True when the standard variables ask for an OTLP exporter.
+pub fn otlp_configured() -> bool {
+    ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        .iter()
+        .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()))
+}
+
+/// The resource: `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` when given,
+/// otherwise this binary's name as `service.name`.
+pub fn resource(default_service: &str) -> Resource {
+    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+    let builder = Resource::builder();
+    if named {
+        builder.build()
+    } else {
+        builder.with_service_name(default_service.to_owned()).build()
+    }
+}
+
+/// A tracer provider that exports over OTLP when configured. Without an endpoint
+/// it still assigns trace and span ids, so logs correlate with callers' traces.
+/// Must be called inside the tokio runtime that will run the exporter.
+pub fn tracer_provider(default_service: &str) -> anyhow::Result<SdkTracerProvider> {
+    let builder = SdkTracerProvider::builder().with_resource(resource(default_service));
+    let builder = if otlp_configured() {
+        let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+        builder.with_span_processor(BatchSpanProcessor::builder(exporter, runtime::Tokio).build())
+    } else {
+        builder
     };
+    Ok(builder.build())
+}
+
+/// Owns what must be flushed at exit.
+#[derive(Debug)]
+pub struct Telemetry {
+    tracer_provider: SdkTracerProvider,
+}
+
+impl Telemetry {
+    /// Flushes and stops the exporter, bounded: a dead collector must not hold
+    /// up a pod's exit.
+    pub async fn shutdown(self, deadline: Duration) {
+        let provider = self.tracer_provider;
+        let flush = tokio::task::spawn_blocking(move || provider.shutdown());
+        match tokio::time::timeout(deadline, flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => tracing::warn!(error = %err, "trace exporter shutdown failed"),
+            Ok(Err(_)) | Err(_) => tracing::warn!("trace exporter did not flush in time"),
+        }
+    }
+}
+
+/// Installs logs and traces for a binary. Call once, inside the runtime.
+pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
+    global::set_text_map_propagator(TraceContextPropagator::new());
+    let provider = tracer_provider(service)?;
+    global::set_tracer_provider(provider.clone());
+    install_subscriber(format, provider.tracer(service.to_owned()));
+    Ok(Telemetry {
+        tracer_provider: provider,
+    })
+}
+
+/// The global subscriber: filter, OpenTelemetry bridge, and text or JSON lines.
+pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::Tracer) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => fmt::layer().with_target(false).boxed(),
+        LogFormat::Json => json_subscriber::layer()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_opentelemetry_ids(true)
+            .boxed(),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(lines)
+        .with(otel)
+        .with(filter)
+        .try_init();
+}
+
+/// How a lease ended, as the `outbox.lease.outcome` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// Acked: published.
+    Ok,
+    /// Nacked: released for a retry.
+    Nacked,
+    DeadLettered,
+    /// Ran out unsettled; reported when the row was re-claimed.
+    Expired,
+}
+
+impl LeaseOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Nacked => "nacked",
+            Self::DeadLettered => "dead_lettered",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// Reports one message's lease as an `outbox lease` span from claim to its end,
+/// a child of the producer's trace context stored with the event. The times come
+/// from the row (database clock), so whichever replica sees the end reports it.
+pub fn record_lease(outbox: &str, lease: &crate::store::EndedLease, outcome: LeaseOutcome) {
+    use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
+    use opentelemetry_semantic_conventions::attribute::MESSAGING_MESSAGE_ID;
+
+    let Some(claimed_at) = lease.claimed_at else {
+        return;
+    };
+    let mut carrier = std::collections::HashMap::new();
+    if let Some(traceparent) = &lease.traceparent {
+        carrier.insert("traceparent".to_owned(), traceparent.clone());
+    }
+    if let Some(tracestate) = &lease.tracestate {
+        carrier.insert("tracestate".to_owned(), tracestate.clone());
+    }
+    let parent = global::get_text_map_propagator(|p| p.extract(&carrier));
+    let tracer = global::tracer("outboxd");
+    let mut attributes = vec![
+        KeyValue::new(MESSAGING_MESSAGE_ID, lease.message_id.to_string()),
+        KeyValue::new("outbox.name", outbox.to_owned()),
+        KeyValue::new("outbox.lease.attempt", i64::from(lease.attempt)),
+        KeyValue::new("outbox.lease.outcome", outcome.as_str()),
+    ];
+    if let Some(lease_id) = lease.lease_id {
+        attributes.push(KeyValue::new("outbox.lease.id", lease_id.to_string()));
+    }
+    if let Some(worker) = &lease.worker_id {
+        attributes.push(KeyValue::new("outbox.worker.id", worker.clone()));
+    }
+    let mut span = tracer
+        .span_builder("outbox lease")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(std::time::SystemTime::from(claimed_at))
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &parent);
+    match outcome {
+        LeaseOutcome::Ok => span.set_status(Status::Ok),
+        LeaseOutcome::Expired => span.set_status(Status::error("lease expired before it was settled")),
+        LeaseOutcome::DeadLettered => span.set_status(Status::error("dead-lettered")),
+        LeaseOutcome::Nacked => {}
+    }
+    span.end_with_timestamp(std::time::SystemTime::from(lease.ended_at));
 }

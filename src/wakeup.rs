@@ -41,7 +41,9 @@ impl Queue {
     fn wake(&mut self, rows: u64) -> usize {
         let (mut covered, mut woken) = (0, 0);
         while covered < rows {
-            let Some(waiter) = self.0.pop_front() else { break };
+            let Some(waiter) = self.0.pop_front() else {
+                break;
+            };
             if waiter.wake.send(()).is_ok() {
                 covered += waiter.capacity;
                 woken += 1;
@@ -51,7 +53,10 @@ impl Queue {
     }
 
     fn wake_all(&mut self) -> usize {
-        self.0.drain(..).filter_map(|w| w.wake.send(()).ok()).count()
+        self.0
+            .drain(..)
+            .filter_map(|w| w.wake.send(()).ok())
+            .count()
     }
 }
 
@@ -193,7 +198,9 @@ pub async fn listen(store: PgStore, wakeup: Arc<Wakeup>, cancel: CancellationTok
                             wakeup.notify(&outbox, rows);
                         }
                     }
-                    None => tracing::debug!(payload = notification.payload(), "ignoring notification"),
+                    None => {
+                        tracing::debug!(payload = notification.payload(), "ignoring notification")
+                    }
                 },
                 Ok(None) => {
                     // sqlx reconnects on the next call; notifications in between are lost.

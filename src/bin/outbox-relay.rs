@@ -1,6 +1,6 @@
 //! The reference relay worker binary: parse, validate, run.
 
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use clap::Parser;
 use outboxd::{config::EXIT_CONFIG, relay, shutdown, telemetry};
@@ -27,15 +27,24 @@ async fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG as u8);
         }
     };
-    telemetry::init(args.log.log_format);
+    let telemetry = match telemetry::init("outbox-relay", args.log.log_format) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("outbox-relay: telemetry set-up failed: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Ok(stop) = shutdown::on_signals() else {
         return ExitCode::FAILURE;
     };
-    match relay::run(config, stop).await {
+    let code = match relay::run(config, stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "outbox-relay failed");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Traces still buffered at exit get this long to reach the collector.
+    telemetry.shutdown(Duration::from_secs(5)).await;
+    code
 }

@@ -1,11 +1,12 @@
 //! The outboxd server binary: parse, validate, run.
 
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use clap::Parser;
 use outboxd::{
-    config::{Cli, Command, EXIT_CONFIG},
-    server, shutdown, telemetry,
+    config::{Cli, Command, EXIT_CONFIG, LogFormat},
+    server, shutdown,
+    telemetry::{self, Telemetry},
 };
 
 #[tokio::main]
@@ -30,18 +31,24 @@ async fn main() -> ExitCode {
                 Ok(db) => db,
                 Err(reason) => return config_error(&reason),
             };
-            telemetry::init(log.log_format);
+            let Some(telemetry) = start_telemetry(log.log_format) else {
+                return ExitCode::FAILURE;
+            };
             let Ok(cancel) = shutdown::on_signals() else {
                 return ExitCode::FAILURE;
             };
-            report(server::migrate(&db, &cancel).await)
+            let code = report(server::migrate(&db, &cancel).await);
+            telemetry.shutdown(FLUSH_DEADLINE).await;
+            code
         }
         None => {
             let config = match cli.serve.validate() {
                 Ok(config) => config,
                 Err(reason) => return config_error(&reason),
             };
-            telemetry::init(cli.serve.log.log_format);
+            let Some(telemetry) = start_telemetry(cli.serve.log.log_format) else {
+                return ExitCode::FAILURE;
+            };
             let Ok(cancel) = shutdown::on_signals() else {
                 return ExitCode::FAILURE;
             };
@@ -50,7 +57,22 @@ async fn main() -> ExitCode {
                 server.serve(cancel).await
             }
             .await;
-            report(result)
+            let code = report(result);
+            telemetry.shutdown(FLUSH_DEADLINE).await;
+            code
+        }
+    }
+}
+
+/// Traces still buffered at exit get this long to reach the collector.
+const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+
+fn start_telemetry(format: LogFormat) -> Option<Telemetry> {
+    match telemetry::init("outboxd", format) {
+        Ok(telemetry) => Some(telemetry),
+        Err(err) => {
+            eprintln!("outboxd: telemetry set-up failed: {err:#}");
+            None
         }
     }
 }

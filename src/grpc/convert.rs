@@ -9,8 +9,8 @@ use tonic::metadata::MetadataMap;
 use super::pb;
 use crate::{
     lease::{
-        AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, MessageResult, NackRequest,
-        Outcome, StatsRequest,
+        AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, MessageResult,
+        NackRequest, Outcome, StatsRequest,
     },
     store::{ClaimedBatch, ClaimedMessage, Settled, Stats},
 };
@@ -19,7 +19,10 @@ fn wire(d: Option<prost_types::Duration>) -> Option<(i64, i32)> {
     d.map(|d| (d.seconds, d.nanos))
 }
 
-pub fn claim(req: &pb::ClaimBatchRequest, limits: &Limits) -> Result<ClaimRequest, Vec<FieldViolation>> {
+pub fn claim(
+    req: &pb::ClaimBatchRequest,
+    limits: &Limits,
+) -> Result<ClaimRequest, Vec<FieldViolation>> {
     ClaimRequest::parse(
         &req.outbox,
         &req.worker_id,
@@ -46,8 +49,17 @@ pub fn nack(req: &pb::NackRequest, limits: &Limits) -> Result<NackRequest, Vec<F
     )
 }
 
-pub fn extend(req: &pb::ExtendLeaseRequest, limits: &Limits) -> Result<ExtendRequest, Vec<FieldViolation>> {
-    ExtendRequest::parse(&req.outbox, &req.lease_id, &req.message_ids, wire(req.lease_duration), limits)
+pub fn extend(
+    req: &pb::ExtendLeaseRequest,
+    limits: &Limits,
+) -> Result<ExtendRequest, Vec<FieldViolation>> {
+    ExtendRequest::parse(
+        &req.outbox,
+        &req.lease_id,
+        &req.message_ids,
+        wire(req.lease_duration),
+        limits,
+    )
 }
 
 pub fn stats(req: &pb::GetStatsRequest) -> StatsRequest {

@@ -1,14 +1,16 @@
 //! `outbox.v1.OutboxService`: one screen per RPC.
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span};
 
 use super::{
-    convert,
+    convert, observe,
     pb::{self, outbox_service_server::OutboxService as Rpc},
 };
-use crate::{Error, lease::Limits, service::OutboxService};
+use crate::{Error, lease::Limits, metrics::ServerMetrics, service::OutboxService};
 
 /// Time kept back from a caller's deadline so a long poll's answer still arrives.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(200);
@@ -17,87 +19,121 @@ const DEADLINE_MARGIN: Duration = Duration::from_millis(200);
 pub struct OutboxApi {
     service: OutboxService,
     limits: Arc<Limits>,
+    metrics: ServerMetrics,
 }
 
 impl OutboxApi {
-    pub fn new(service: OutboxService, limits: Limits) -> Self {
+    pub fn new(service: OutboxService, limits: Limits, metrics: ServerMetrics) -> Self {
         Self {
             service,
             limits: Arc::new(limits),
+            metrics,
         }
+    }
+
+    /// Runs a handler inside its server span and records how it ended.
+    async fn observed<R>(
+        &self,
+        method: &'static str,
+        span: Span,
+        work: impl Future<Output = Result<R, Status>>,
+    ) -> Result<R, Status> {
+        let started = Instant::now();
+        let result = work.instrument(span.clone()).await;
+        observe::finish(&span, &self.metrics, method, started, &result);
+        result
     }
 }
 
 #[tonic::async_trait]
 impl Rpc for OutboxApi {
-    #[tracing::instrument(name = "ClaimBatch", skip_all, fields(
-        outbox = %request.get_ref().outbox,
-        worker_id = %request.get_ref().worker_id,
-        count = tracing::field::Empty,
-    ))]
     async fn claim_batch(
         &self,
         request: Request<pb::ClaimBatchRequest>,
     ) -> Result<Response<pb::ClaimBatchResponse>, Status> {
-        let mut req = convert::claim(request.get_ref(), &self.limits).map_err(Error::from)?;
-        if let Some(budget) = convert::client_deadline(request.metadata()) {
-            req.wait = req.wait.min(budget.saturating_sub(DEADLINE_MARGIN));
-        }
-        let batch = self.service.claim(&req).await?;
-        tracing::Span::current().record("count", batch.messages.len());
-        Ok(Response::new(convert::claimed(batch)))
+        let span = observe::server_span("ClaimBatch", &request);
+        span.record("outbox", request.get_ref().outbox.as_str());
+        span.record("worker_id", request.get_ref().worker_id.as_str());
+        self.observed("ClaimBatch", span.clone(), async {
+            let mut req = convert::claim(request.get_ref(), &self.limits).map_err(Error::from)?;
+            if let Some(budget) = convert::client_deadline(request.metadata()) {
+                req.wait = req.wait.min(budget.saturating_sub(DEADLINE_MARGIN));
+            }
+            let batch = self.service.claim(&req).await?;
+            span.record("batch_size", batch.messages.len());
+            if !batch.messages.is_empty() {
+                span.record("lease_id", batch.lease_id.to_string());
+            }
+            Ok(Response::new(convert::claimed(batch)))
+        })
+        .await
     }
 
-    #[tracing::instrument(name = "Ack", skip_all, fields(
-        outbox = %request.get_ref().outbox,
-        lease_id = %request.get_ref().lease_id,
-        count = request.get_ref().message_ids.len(),
-    ))]
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        let req = convert::ack(request.get_ref(), &self.limits).map_err(Error::from)?;
-        let settled = self.service.ack(&req).await?;
-        Ok(Response::new(pb::AckResponse {
-            results: convert::results(settled),
-        }))
+        let span = settle_span("Ack", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+        self.observed("Ack", span, async {
+            let req = convert::ack(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let settled = self.service.ack(&req).await?;
+            Ok(Response::new(pb::AckResponse {
+                results: convert::results(settled),
+            }))
+        })
+        .await
     }
 
-    #[tracing::instrument(name = "Nack", skip_all, fields(
-        outbox = %request.get_ref().outbox,
-        lease_id = %request.get_ref().lease_id,
-        count = request.get_ref().message_ids.len(),
-    ))]
     async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
-        let req = convert::nack(request.get_ref(), &self.limits).map_err(Error::from)?;
-        let settled = self.service.nack(&req).await?;
-        Ok(Response::new(pb::NackResponse {
-            results: convert::results(settled),
-        }))
+        let span = settle_span("Nack", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+        self.observed("Nack", span, async {
+            let req = convert::nack(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let settled = self.service.nack(&req).await?;
+            Ok(Response::new(pb::NackResponse {
+                results: convert::results(settled),
+            }))
+        })
+        .await
     }
 
-    #[tracing::instrument(name = "ExtendLease", skip_all, fields(
-        outbox = %request.get_ref().outbox,
-        lease_id = %request.get_ref().lease_id,
-        count = request.get_ref().message_ids.len(),
-    ))]
     async fn extend_lease(
         &self,
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
-        let req = convert::extend(request.get_ref(), &self.limits).map_err(Error::from)?;
-        let settled = self.service.extend(&req).await?;
-        Ok(Response::new(pb::ExtendLeaseResponse {
-            lease_expires_at: settled.expires_at.map(convert::timestamp),
-            results: convert::results(settled),
-        }))
+        let span = settle_span("ExtendLease", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+        self.observed("ExtendLease", span, async {
+            let req = convert::extend(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let settled = self.service.extend(&req).await?;
+            Ok(Response::new(pb::ExtendLeaseResponse {
+                lease_expires_at: settled.expires_at.map(convert::timestamp),
+                results: convert::results(settled),
+            }))
+        })
+        .await
     }
 
-    #[tracing::instrument(name = "GetStats", skip_all, fields(outbox = %request.get_ref().outbox))]
     async fn get_stats(
         &self,
         request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let req = convert::stats(request.get_ref());
-        let stats = self.service.stats(&req).await?;
-        Ok(Response::new(convert::stats_response(stats)))
+        let span = observe::server_span("GetStats", &request);
+        span.record("outbox", request.get_ref().outbox.as_str());
+        self.observed("GetStats", span, async {
+            let req = convert::stats(request.get_ref());
+            let stats = self.service.stats(&req).await?;
+            Ok(Response::new(convert::stats_response(stats)))
+        })
+        .await
     }
+}
+
+/// The span of a settle call, with the outbox, lease and batch size it names.
+fn settle_span<T>(
+    method: &'static str,
+    request: &Request<T>,
+    fields: impl Fn(&T) -> (&String, &String, usize),
+) -> Span {
+    let span = observe::server_span(method, request);
+    let (outbox, lease_id, count) = fields(request.get_ref());
+    span.record("outbox", outbox.as_str());
+    span.record("lease_id", lease_id.as_str());
+    span.record("batch_size", count);
+    span
 }

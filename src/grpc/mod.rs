@@ -3,6 +3,7 @@
 
 mod convert;
 mod handler;
+mod observe;
 mod status;
 
 pub use handler::OutboxApi;

@@ -93,7 +93,10 @@ mod tests {
     #[test]
     fn applied_changes_are_ok_or_dead_lettered() {
         assert_eq!(Settle::Ack.outcome(Some(HELD), true, false).0, Outcome::Ok);
-        assert_eq!(Settle::Extend.outcome(Some(HELD), true, false).0, Outcome::Ok);
+        assert_eq!(
+            Settle::Extend.outcome(Some(HELD), true, false).0,
+            Outcome::Ok
+        );
         assert_eq!(Settle::Nack.outcome(Some(HELD), true, false).0, Outcome::Ok);
         assert_eq!(
             Settle::Nack.outcome(Some(HELD), true, true).0,
@@ -140,7 +143,9 @@ mod tests {
             dead_lettered: false,
         };
         assert_eq!(
-            Settle::Ack.outcome(Some(published_by_other), false, false).0,
+            Settle::Ack
+                .outcome(Some(published_by_other), false, false)
+                .0,
             Outcome::LeaseLost
         );
     }

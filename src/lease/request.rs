@@ -123,7 +123,12 @@ impl Check {
         }
     }
 
-    fn lease(&mut self, name: &str, raw: Option<WireDuration>, limits: &Limits) -> Option<Duration> {
+    fn lease(
+        &mut self,
+        name: &str,
+        raw: Option<WireDuration>,
+        limits: &Limits,
+    ) -> Option<Duration> {
         let lease = self.duration(name, raw)?.unwrap_or(limits.default_lease);
         if lease < limits.min_lease || lease > limits.max_lease {
             let why = format!(
@@ -139,8 +144,10 @@ impl Check {
 
     fn ids(&mut self, raw: &[String], required: bool, limits: &Limits) -> Vec<MessageId> {
         if required && raw.is_empty() {
-            self.0
-                .push(FieldViolation::new("message_ids", "at least one id is required"));
+            self.0.push(FieldViolation::new(
+                "message_ids",
+                "at least one id is required",
+            ));
         }
         if raw.len() > limits.max_batch as usize {
             self.0.push(FieldViolation::new(
@@ -328,8 +335,8 @@ mod tests {
             fields(err),
             ["worker_id", "max_messages", "lease_duration", "wait"]
         );
-        let err = ClaimRequest::parse("", "w", 1001, Some((901, 0)), None, &limits)
-            .expect_err("invalid");
+        let err =
+            ClaimRequest::parse("", "w", 1001, Some((901, 0)), None, &limits).expect_err("invalid");
         assert_eq!(fields(err), ["max_messages", "lease_duration"]);
         let err = ClaimRequest::parse("", "w", 1, Some((1, 1_000_000_000)), None, &limits)
             .expect_err("invalid nanos");
@@ -377,13 +384,13 @@ mod tests {
     fn nack_cleans_its_error_and_bounds_retry_after() {
         let limits = Limits::default();
         let ids = vec![ID.to_owned()];
-        let req = NackRequest::parse("", ID, &ids, "bad\0 thing", None, false, &limits)
-            .expect("valid");
+        let req =
+            NackRequest::parse("", ID, &ids, "bad\0 thing", None, false, &limits).expect("valid");
         assert_eq!(req.error, "bad thing");
         assert_eq!(req.retry_after, None);
         let long = "x".repeat(MAX_ERROR_CHARS + 10);
-        let req = NackRequest::parse("", ID, &ids, &long, Some((5, 0)), true, &limits)
-            .expect("valid");
+        let req =
+            NackRequest::parse("", ID, &ids, &long, Some((5, 0)), true, &limits).expect("valid");
         assert_eq!(req.error.chars().count(), MAX_ERROR_CHARS + 1);
         assert_eq!(req.retry_after, Some(Duration::from_secs(5)));
         let err = NackRequest::parse("", ID, &ids, "", Some((8 * 24 * 3600, 0)), false, &limits)

@@ -2,6 +2,7 @@
 //! channel per in-flight slot, reconnected on demand after any failure.
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -11,17 +12,28 @@ use std::{
 
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
     options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions},
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
-use tokio::sync::Mutex;
+use opentelemetry::{
+    KeyValue, global,
+    global::BoxedSpan,
+    trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _},
+};
+use opentelemetry_semantic_conventions::attribute::{
+    MESSAGING_DESTINATION_NAME, MESSAGING_MESSAGE_ID, MESSAGING_OPERATION_NAME,
+    MESSAGING_OPERATION_TYPE, MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY, MESSAGING_SYSTEM,
+};
+use tokio::{sync::Mutex, time::Instant};
 
 use super::{
     config::{RelayConfig, RoutingKey, redact_url},
     publisher::{Delivery, Publisher},
 };
-use crate::grpc::pb::OutboxMessage;
+use crate::{
+    grpc::pb::OutboxMessage,
+    metrics::{PublishResult, RelayMetrics},
+};
 
 /// The process's broker connection, shared by every slot.
 #[derive(Debug)]
@@ -33,13 +45,14 @@ pub struct Broker {
     declare: bool,
     routing_key: RoutingKey,
     confirm_timeout: Duration,
+    metrics: RelayMetrics,
     connection: Mutex<Option<Arc<Connection>>>,
     /// Last reported state, so each change is logged once, not each retry.
     up: AtomicBool,
 }
 
 impl Broker {
-    pub fn new(config: &RelayConfig) -> Arc<Self> {
+    pub fn new(config: &RelayConfig, metrics: RelayMetrics) -> Arc<Self> {
         Arc::new(Self {
             url: config.amqp_url.clone(),
             connection_name: format!("outbox-relay {}", config.worker_id),
@@ -47,6 +60,7 @@ impl Broker {
             declare: config.declare,
             routing_key: config.routing_key.clone(),
             confirm_timeout: config.confirm_timeout,
+            metrics,
             connection: Mutex::new(None),
             up: AtomicBool::new(false),
         })
@@ -85,6 +99,29 @@ impl Broker {
         }
     }
 
+    /// A producer span per message, in the producer's trace (its stored
+    /// `traceparent`), and the headers to publish with this span's context.
+    fn publish_span(&self, m: &OutboxMessage, routing_key: &str) -> (BoxedSpan, HashMap<String, String>) {
+        let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
+        let tracer = global::tracer("outbox-relay");
+        let span = tracer
+            .span_builder(format!("publish {}", self.exchange))
+            .with_kind(SpanKind::Producer)
+            .with_attributes([
+                KeyValue::new(MESSAGING_SYSTEM, "rabbitmq"),
+                KeyValue::new(MESSAGING_OPERATION_TYPE, "send"),
+                KeyValue::new(MESSAGING_OPERATION_NAME, "publish"),
+                KeyValue::new(MESSAGING_DESTINATION_NAME, self.exchange.clone()),
+                KeyValue::new(MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY, routing_key.to_owned()),
+                KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
+            ])
+            .start_with_context(&tracer, &parent);
+        let context = parent.with_remote_span_context(span.span_context().clone());
+        let mut headers = m.headers.clone();
+        global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
+        (span, headers)
+    }
+
     fn report(&self, up: bool, detail: &str) {
         if self.up.swap(up, Ordering::Relaxed) != up {
             let broker = redact_url(&self.url);
@@ -96,10 +133,12 @@ impl Broker {
         }
     }
 
-    fn properties(&self, m: &OutboxMessage) -> BasicProperties {
+    /// AMQP properties; `trace_headers` are the producer's headers with the
+    /// publish span's `traceparent`, so consumers continue the same trace.
+    fn properties(&self, m: &OutboxMessage, trace_headers: &HashMap<String, String>) -> BasicProperties {
         let mut headers = FieldTable::default();
         // Producer headers first, so ours win on a clash.
-        for (key, value) in &m.headers {
+        for (key, value) in trace_headers {
             headers.insert(
                 ShortString::from(key.as_str()),
                 AMQPValue::LongString(LongString::from(value.as_str())),
@@ -127,6 +166,38 @@ impl Broker {
             props = props.with_timestamp(u64::try_from(created.seconds).unwrap_or(0));
         }
         props
+    }
+}
+
+/// What a confirm (or its absence) means for the message.
+fn confirmation(
+    confirm: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>,
+) -> (Delivery, PublishResult) {
+    match confirm {
+        Err(_) => (
+            Delivery::Failed("publisher confirm timed out".into()),
+            PublishResult::Failed,
+        ),
+        Ok(Err(err)) => (Delivery::Failed(err.to_string()), PublishResult::Failed),
+        Ok(Ok(Confirmation::Ack(None))) => (Delivery::Confirmed, PublishResult::Confirmed),
+        Ok(Ok(Confirmation::Ack(Some(returned)))) => (
+            Delivery::Rejected(format!(
+                "returned by broker: {} {}",
+                returned.reply_code, returned.reply_text
+            )),
+            PublishResult::Returned,
+        ),
+        Ok(Ok(Confirmation::Nack(returned))) => (
+            Delivery::Rejected(match returned {
+                Some(r) => format!("nacked by broker: {} {}", r.reply_code, r.reply_text),
+                None => "nacked by broker".into(),
+            }),
+            PublishResult::BrokerNacked,
+        ),
+        Ok(Ok(Confirmation::NotRequested)) => (
+            Delivery::Failed("channel is not in confirm mode".into()),
+            PublishResult::Failed,
+        ),
     }
 }
 
@@ -178,50 +249,45 @@ impl Publisher for AmqpPublisher {
             Ok(channel) => channel,
             Err(reason) => return vec![Delivery::Failed(reason); batch.len()],
         };
+        let broker = &self.broker;
         // Send everything first; confirms are awaited afterwards.
-        let mut pending: Vec<Result<PublisherConfirm, String>> = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
-            let routing_key = self
-                .broker
-                .routing_key
-                .render(&m.event_type, &m.aggregate_id);
+            let routing_key = broker.routing_key.render(&m.event_type, &m.aggregate_id);
+            let (span, trace_headers) = broker.publish_span(m, &routing_key);
             let sent = channel
                 .basic_publish(
-                    self.broker.exchange.as_str().into(),
+                    broker.exchange.as_str().into(),
                     routing_key.into(),
                     BasicPublishOptions {
                         mandatory: true,
                         ..BasicPublishOptions::default()
                     },
                     &m.payload,
-                    self.broker.properties(m),
+                    broker.properties(m, &trace_headers),
                 )
                 .await
                 .map_err(|e| e.to_string());
-            pending.push(sent);
+            pending.push((sent, span, Instant::now()));
         }
-        let deadline = tokio::time::Instant::now() + self.broker.confirm_timeout;
+        broker.metrics.published(&broker.exchange, batch.len());
+        let deadline = Instant::now() + broker.confirm_timeout;
         let mut deliveries = Vec::with_capacity(batch.len());
-        for sent in pending {
-            let delivery = match sent {
-                Err(reason) => Delivery::Failed(reason),
-                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => Delivery::Failed("publisher confirm timed out".into()),
-                    Ok(Err(err)) => Delivery::Failed(err.to_string()),
-                    Ok(Ok(Confirmation::Ack(None))) => Delivery::Confirmed,
-                    Ok(Ok(Confirmation::Ack(Some(returned)))) => Delivery::Rejected(format!(
-                        "returned by broker: {} {}",
-                        returned.reply_code, returned.reply_text
-                    )),
-                    Ok(Ok(Confirmation::Nack(returned))) => Delivery::Rejected(match returned {
-                        Some(r) => format!("nacked by broker: {} {}", r.reply_code, r.reply_text),
-                        None => "nacked by broker".into(),
-                    }),
-                    Ok(Ok(Confirmation::NotRequested)) => {
-                        Delivery::Failed("channel is not in confirm mode".into())
-                    }
-                },
+        for (sent, mut span, sent_at) in pending {
+            let (delivery, result) = match sent {
+                Err(reason) => (Delivery::Failed(reason), PublishResult::Failed),
+                Ok(confirm) => confirmation(tokio::time::timeout_at(deadline, confirm).await),
             };
+            broker
+                .metrics
+                .settled(&broker.exchange, result, sent_at.elapsed().as_secs_f64());
+            match &delivery {
+                Delivery::Confirmed => span.set_status(Status::Ok),
+                Delivery::Rejected(reason) | Delivery::Failed(reason) => {
+                    span.set_status(Status::error(reason.clone()));
+                }
+            }
+            span.end();
             deliveries.push(delivery);
         }
         if deliveries.iter().any(|d| matches!(d, Delivery::Failed(_))) {

@@ -68,6 +68,10 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub drain_timeout: Duration,
 
+    /// Prometheus metrics address (`GET /metrics`).
+    #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: std::net::SocketAddr,
+
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -142,6 +146,7 @@ pub struct RelayConfig {
     pub confirm_timeout: Duration,
     pub wait: Duration,
     pub drain_timeout: Duration,
+    pub metrics_listen: std::net::SocketAddr,
 }
 
 impl RelayArgs {
@@ -198,6 +203,7 @@ impl RelayArgs {
             confirm_timeout: self.confirm_timeout,
             wait: self.wait,
             drain_timeout: self.drain_timeout,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

@@ -3,7 +3,14 @@
 
 use std::{future::Future, time::Duration};
 
-use tonic::{Request, Status, transport::Channel};
+use opentelemetry::{global, propagation::Injector};
+use tonic::{
+    Request, Status,
+    metadata::{MetadataKey, MetadataMap, MetadataValue},
+    transport::Channel,
+};
+use tracing::{Instrument, field::Empty};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
 
@@ -50,10 +57,52 @@ impl GrpcLeases {
         })
     }
 
-    fn request<T>(&self, message: T, extra: Duration) -> Request<T> {
+    /// One RPC under a client span whose context travels in the request
+    /// metadata, so outboxd's server span continues the relay's trace.
+    async fn call<T, R, F, Fut>(&self, method: &'static str, message: T, extra: Duration, rpc: F) -> Result<R, Status>
+    where
+        F: FnOnce(OutboxServiceClient<Channel>, Request<T>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let full = format!("outbox.v1.OutboxService/{method}");
+        let span = tracing::info_span!(
+            "rpc",
+            otel.name = %full,
+            otel.kind = "client",
+            otel.status_code = Empty,
+            rpc.system.name = "grpc",
+            rpc.method = %full,
+            rpc.response.status_code = Empty,
+        );
         let mut request = Request::new(message);
         request.set_timeout(self.call_timeout + extra);
-        request
+        let context = span.context();
+        global::get_text_map_propagator(|p| {
+            p.inject_context(&context, &mut MetadataInjector(request.metadata_mut()))
+        });
+        let result = rpc(self.client.clone(), request).instrument(span.clone()).await;
+        match &result {
+            Ok(_) => span.record("rpc.response.status_code", "OK"),
+            Err(status) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("rpc.response.status_code", format!("{:?}", status.code()))
+            }
+        };
+        result.map(tonic::Response::into_inner)
+    }
+}
+
+/// Writes W3C trace context into gRPC request metadata.
+struct MetadataInjector<'a>(&'a mut MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            MetadataKey::from_bytes(key.as_bytes()),
+            MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(key, value);
+        }
     }
 }
 
@@ -66,27 +115,24 @@ fn wait_of(req: &pb::ClaimBatchRequest) -> Duration {
 impl Leases for GrpcLeases {
     async fn claim(&self, req: pb::ClaimBatchRequest) -> Result<pb::ClaimBatchResponse, Status> {
         let wait = wait_of(&req);
-        let request = self.request(req, wait);
-        Ok(self.client.clone().claim_batch(request).await?.into_inner())
+        self.call("ClaimBatch", req, wait, |mut c, r| async move { c.claim_batch(r).await })
+            .await
     }
 
     async fn ack(&self, req: pb::AckRequest) -> Result<pb::AckResponse, Status> {
-        let request = self.request(req, Duration::ZERO);
-        Ok(self.client.clone().ack(request).await?.into_inner())
+        self.call("Ack", req, Duration::ZERO, |mut c, r| async move { c.ack(r).await })
+            .await
     }
 
     async fn nack(&self, req: pb::NackRequest) -> Result<pb::NackResponse, Status> {
-        let request = self.request(req, Duration::ZERO);
-        Ok(self.client.clone().nack(request).await?.into_inner())
+        self.call("Nack", req, Duration::ZERO, |mut c, r| async move { c.nack(r).await })
+            .await
     }
 
     async fn extend(&self, req: pb::ExtendLeaseRequest) -> Result<pb::ExtendLeaseResponse, Status> {
-        let request = self.request(req, Duration::ZERO);
-        Ok(self
-            .client
-            .clone()
-            .extend_lease(request)
-            .await?
-            .into_inner())
+        self.call("ExtendLease", req, Duration::ZERO, |mut c, r| async move {
+            c.extend_lease(r).await
+        })
+        .await
     }
 }

@@ -9,9 +9,11 @@ mod leases;
 mod publisher;
 mod worker;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::metrics::{Metrics, RelayMetrics};
 
 pub use amqp::{AmqpPublisher, Broker};
 pub use config::{RelayArgs, RelayConfig};
@@ -23,7 +25,9 @@ pub use worker::{ServerLink, Settings, Worker};
 /// drain timeout to publish and settle. What is left then expires with its lease.
 pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result<()> {
     let leases = GrpcLeases::connect_lazy(&config.server).map_err(anyhow::Error::msg)?;
-    let broker = Broker::new(&config);
+    let metrics = Metrics::new("outbox-relay")?;
+    let metrics_listener = crate::metrics::bind(config.metrics_listen).await?;
+    let broker = Broker::new(&config, RelayMetrics::new(&metrics));
     let settings = Arc::new(Settings {
         outbox: config.outbox.clone(),
         worker_id: config.worker_id.clone(),
@@ -33,6 +37,8 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
     });
     let server = Arc::new(ServerLink::default());
     let tasks = TaskTracker::new();
+    let metrics_stop = CancellationToken::new();
+    let endpoint = tokio::spawn(crate::metrics::serve(metrics_listener, metrics.clone(), metrics_stop.clone()));
     for _ in 0..config.concurrency {
         let worker = Worker::new(
             leases.clone(),
@@ -59,5 +65,8 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
     {
         tracing::warn!("drain timed out; unfinished batches are left to lease expiry");
     }
+    metrics_stop.cancel();
+    let _ = endpoint.await;
+    metrics.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }

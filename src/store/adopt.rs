@@ -68,7 +68,11 @@ const TRIGGER: &str = "outboxd_notify";
 /// this one spells "outboxd" in ASCII).
 const ADOPT_LOCK: i64 = 0x006f_7574_626f_7864;
 
-pub(crate) async fn adopt(pool: &PgPool, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
+pub(crate) async fn adopt(
+    pool: &PgPool,
+    table: &TableRef,
+    mode: AdoptMode,
+) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
     if mode == AdoptMode::Create {
         lock_adoption(&mut conn).await?;
@@ -101,7 +105,11 @@ async fn lock_adoption(conn: &mut PgConnection) -> Result<(), StoreError> {
     }
 }
 
-async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode) -> Result<(), StoreError> {
+async fn adopt_locked(
+    conn: &mut PgConnection,
+    table: &TableRef,
+    mode: AdoptMode,
+) -> Result<(), StoreError> {
     let quoted = table.quoted();
     let missing_gap = |what: String| {
         StoreError::Schema(format!(
@@ -123,7 +131,9 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
                 id uuid PRIMARY KEY, aggregate_id text NOT NULL, event_type text NOT NULL, \
                 payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
         );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await?;
     }
 
     let columns: Vec<(String, String)> = sqlx::query(
@@ -136,12 +146,19 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
     .into_iter()
     .map(|row| (row.get(0), row.get(1)))
     .collect();
-    let type_of = |name: &str| columns.iter().find(|(c, _)| c == name).map(|(_, t)| t.as_str());
+    let type_of = |name: &str| {
+        columns
+            .iter()
+            .find(|(c, _)| c == name)
+            .map(|(_, t)| t.as_str())
+    };
 
     for (name, allowed) in PRODUCER_COLUMNS {
         match type_of(name) {
             None => {
-                return Err(StoreError::Schema(format!("table {table} has no column {name}")));
+                return Err(StoreError::Schema(format!(
+                    "table {table} has no column {name}"
+                )));
             }
             Some(found) if !allowed.contains(&found) => {
                 return Err(StoreError::Schema(format!(
@@ -172,7 +189,9 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
             "BEGIN; SET LOCAL lock_timeout = '10s'; ALTER TABLE {quoted} {}; COMMIT;",
             adds.join(", ")
         );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await?;
     }
 
     for (suffix, definition) in INDEXES {
@@ -195,12 +214,17 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
         if valid == Some(false) {
             // Left behind by an interrupted CREATE INDEX CONCURRENTLY.
             let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{schema}\".\"{name}\"");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut *conn).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                .execute(&mut *conn)
+                .await?;
         }
         tracing::info!(%table, index = %name, "adopting table: creating index");
         // CONCURRENTLY: producers keep inserting while a large table is indexed.
-        let ddl = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{name}\" ON {quoted} {definition}");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+        let ddl =
+            format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{name}\" ON {quoted} {definition}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await?;
     }
 
     let has_function: bool =
@@ -209,7 +233,8 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
             .await?;
     if !has_function {
         return Err(StoreError::Schema(
-            "function outboxd_notify() is missing: migrations have not run; run `outboxd migrate`".into(),
+            "function outboxd_notify() is missing: migrations have not run; run `outboxd migrate`"
+                .into(),
         ));
     }
     let has_trigger: bool = sqlx::query_scalar(
@@ -229,7 +254,9 @@ async fn adopt_locked(conn: &mut PgConnection, table: &TableRef, mode: AdoptMode
              REFERENCING NEW TABLE AS outboxd_new_rows \
              FOR EACH STATEMENT EXECUTE FUNCTION outboxd_notify()"
         );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&mut *conn).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(())
 }

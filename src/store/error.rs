@@ -43,7 +43,10 @@ impl From<sqlx::Error> for StoreError {
 fn is_transient(code: &str) -> bool {
     code.starts_with("08")
         || code.starts_with("53")
-        || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "25006" | "55P03")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "25006" | "55P03"
+        )
 }
 
 #[cfg(test)]

@@ -33,13 +33,23 @@ pub struct ClaimedMessage {
     pub sequence: i64,
 }
 
-/// A lease that ran out before it was settled, found when its row was re-claimed.
+/// A lease that ended — settled, or found expired when its row was re-claimed —
+/// with what it takes to report it as a span: its times are the database's.
 #[derive(Debug, Clone)]
-pub struct ExpiredLease {
+pub struct EndedLease {
     pub message_id: Uuid,
-    pub lease_id: Uuid,
+    pub lease_id: Option<Uuid>,
     pub worker_id: Option<String>,
     pub claimed_at: Option<DateTime<Utc>>,
+    /// The settle time, or the expiry of a lease that ran out.
+    pub ended_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub attempt: u32,
+    /// The producer's trace context stored with the event.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    /// The row is dead-lettered now (by this nack, or by the re-claim).
+    pub dead_lettered: bool,
 }
 
 /// What one claim did: the batch, and what it found on the way.
@@ -52,7 +62,7 @@ pub struct ClaimedBatch {
     pub messages: Vec<ClaimedMessage>,
     /// Rows that had used up their attempts and were dead-lettered, not handed out.
     pub dead_lettered: Vec<Uuid>,
-    pub expired_leases: Vec<ExpiredLease>,
+    pub expired_leases: Vec<EndedLease>,
 }
 
 /// The outcome of a settle call, one result per requested id in request order.
@@ -61,6 +71,8 @@ pub struct Settled {
     pub results: Vec<MessageResult>,
     /// ExtendLease only: the new expiry, by the database clock.
     pub expires_at: Option<DateTime<Utc>>,
+    /// Ack and Nack: the leases this call ended, one per row it changed.
+    pub ended: Vec<EndedLease>,
 }
 
 /// Counts of one outbox, by the database clock.

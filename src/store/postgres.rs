@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use super::{
-    AdoptMode, ClaimedBatch, ClaimedMessage, ExpiredLease, Settled, Stats, StoreError, adopt,
+    AdoptMode, ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats, StoreError, adopt,
     statements::Statements,
 };
 use crate::{
@@ -38,12 +38,22 @@ pub struct PgStore {
 
 impl PgStore {
     /// Adopts (or verifies) every configured table and builds its statements.
-    pub async fn open(pool: PgPool, specs: &[OutboxSpec], mode: AdoptMode) -> Result<Self, StoreError> {
+    pub async fn open(
+        pool: PgPool,
+        specs: &[OutboxSpec],
+        mode: AdoptMode,
+    ) -> Result<Self, StoreError> {
         let mut outboxes = HashMap::new();
         for spec in specs {
             adopt::adopt(&pool, &spec.table, mode).await?;
             let sql = Statements::new(&spec.table, spec.policy.retention.is_zero());
-            outboxes.insert(spec.name.clone(), Outbox { spec: spec.clone(), sql });
+            outboxes.insert(
+                spec.name.clone(),
+                Outbox {
+                    spec: spec.clone(),
+                    sql,
+                },
+            );
         }
         Ok(Self {
             pool,
@@ -105,15 +115,28 @@ impl PgStore {
         };
         for row in rows {
             let id: Uuid = row.try_get("id")?;
+            let dead: bool = row.try_get("dead_lettered")?;
             if let Some(prev) = row.try_get::<Option<Uuid>, _>("prev_lease_id")? {
-                batch.expired_leases.push(ExpiredLease {
+                let attempts: i32 = row.try_get("attempts")?;
+                // A row dead-lettered by this claim kept its count; a re-claimed
+                // one was incremented past the expired delivery.
+                let attempt = if dead { attempts } else { attempts - 1 };
+                let headers: serde_json::Value = row.try_get("headers")?;
+                let expired_at: Option<DateTime<Utc>> = row.try_get("prev_locked_until")?;
+                batch.expired_leases.push(EndedLease {
                     message_id: id,
-                    lease_id: prev,
+                    lease_id: Some(prev),
                     worker_id: row.try_get("prev_claimed_by")?,
                     claimed_at: row.try_get("prev_claimed_at")?,
+                    ended_at: expired_at.unwrap_or_else(Utc::now),
+                    created_at: row.try_get("created_at")?,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    traceparent: header(&headers, "traceparent"),
+                    tracestate: header(&headers, "tracestate"),
+                    dead_lettered: dead,
                 });
             }
-            if row.try_get("dead_lettered")? {
+            if dead {
                 batch.dead_lettered.push(id);
                 continue;
             }
@@ -131,7 +154,7 @@ impl PgStore {
             .bind(uuids(&req.message_ids))
             .fetch_all(&self.pool)
             .await?;
-        settle_results(Settle::Ack, &req.message_ids, &rows)
+        settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
     }
 
     pub async fn nack(&self, req: &NackRequest) -> Result<Settled, StoreError> {
@@ -150,7 +173,7 @@ impl PgStore {
             .bind(max_attempts(&outbox.spec))
             .fetch_all(&self.pool)
             .await?;
-        settle_results(Settle::Nack, &req.message_ids, &rows)
+        settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
     }
 
     pub async fn extend(&self, req: &ExtendRequest) -> Result<Settled, StoreError> {
@@ -171,10 +194,12 @@ impl PgStore {
                 .iter()
                 .map(|r| r.try_get::<Uuid, _>("id").map(MessageId::from))
                 .collect::<Result<_, _>>()?;
-            settle_results(Settle::Extend, &held, &rows)?
+            settle_results(Settle::Extend, req.lease_id, &held, &rows)?
         } else {
-            settle_results(Settle::Extend, &req.message_ids, &rows)?
+            settle_results(Settle::Extend, req.lease_id, &req.message_ids, &rows)?
         };
+        // Extending ends no lease.
+        settled.ended.clear();
         settled.expires_at = match rows.first() {
             Some(row) => row.try_get("expires_at")?,
             None => None,
@@ -187,20 +212,16 @@ impl PgStore {
         let row = sqlx::query(AssertSqlSafe(outbox.sql.stats.clone()))
             .fetch_one(&self.pool)
             .await?;
-        let count = |name: &str| -> Result<u64, sqlx::Error> {
-            Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
-        };
-        let age = |name: &str| -> Result<Duration, sqlx::Error> {
-            Ok(Duration::from_secs_f64(row.try_get::<f64, _>(name)?.max(0.0)))
-        };
-        Ok(Stats {
-            pending: count("pending")?,
-            in_flight: count("in_flight")?,
-            dead_lettered: count("dead_lettered")?,
-            oldest_pending_age: age("oldest_pending_secs")?,
-            oldest_lease_age: age("oldest_lease_secs")?,
-            published_retained: count("published_retained")?,
-        })
+        stats_of(&row)
+    }
+
+    /// The gauges of an outbox: `stats` without counting retained history.
+    pub async fn gauges(&self, outbox: &str) -> Result<Stats, StoreError> {
+        let outbox = self.outbox(outbox)?;
+        let row = sqlx::query(AssertSqlSafe(outbox.sql.gauges.clone()))
+            .fetch_one(&self.pool)
+            .await?;
+        stats_of(&row)
     }
 
     /// Deletes up to `limit` published rows older than the outbox's retention.
@@ -239,6 +260,48 @@ fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> 
     })
 }
 
+fn stats_of(row: &PgRow) -> Result<Stats, StoreError> {
+    let count = |name: &str| -> Result<u64, sqlx::Error> {
+        Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
+    };
+    let age = |name: &str| -> Result<Duration, sqlx::Error> {
+        Ok(Duration::from_secs_f64(row.try_get::<f64, _>(name)?.max(0.0)))
+    };
+    Ok(Stats {
+        pending: count("pending")?,
+        in_flight: count("in_flight")?,
+        dead_lettered: count("dead_lettered")?,
+        oldest_pending_age: age("oldest_pending_secs")?,
+        oldest_lease_age: age("oldest_lease_secs")?,
+        published_retained: count("published_retained")?,
+    })
+}
+
+/// The lease a settle statement just ended on `id`.
+fn ended_lease(id: Uuid, lease_id: LeaseId, row: &PgRow) -> Result<EndedLease, StoreError> {
+    let headers: Option<serde_json::Value> = row.try_get("headers")?;
+    let headers = headers.unwrap_or_default();
+    let attempts: Option<i32> = row.try_get("attempts")?;
+    let settled_at: DateTime<Utc> = row.try_get("settled_at")?;
+    let created_at: Option<DateTime<Utc>> = row.try_get("created_at")?;
+    Ok(EndedLease {
+        message_id: id,
+        lease_id: Some(lease_id.as_uuid()),
+        worker_id: row.try_get("claimed_by")?,
+        claimed_at: row.try_get("claimed_at")?,
+        ended_at: settled_at,
+        created_at: created_at.unwrap_or(settled_at),
+        attempt: attempts.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+        traceparent: header(&headers, "traceparent"),
+        tracestate: header(&headers, "tracestate"),
+        dead_lettered: row.try_get("dead_lettered_now")?,
+    })
+}
+
+fn header(headers: &serde_json::Value, name: &str) -> Option<String> {
+    headers.get(name)?.as_str().map(str::to_owned)
+}
+
 /// The row's `headers` object as strings. Producers may store any JSON there;
 /// non-string values are passed on as their JSON text rather than dropped.
 fn header_map(headers: serde_json::Value) -> BTreeMap<String, String> {
@@ -256,8 +319,14 @@ fn header_map(headers: serde_json::Value) -> BTreeMap<String, String> {
 
 /// One result per requested id, in request order, from the rows the settle
 /// statement returned (ids it did not return do not exist in the outbox).
-fn settle_results(settle: Settle, requested: &[MessageId], rows: &[PgRow]) -> Result<Settled, StoreError> {
+fn settle_results(
+    settle: Settle,
+    lease_id: LeaseId,
+    requested: &[MessageId],
+    rows: &[PgRow],
+) -> Result<Settled, StoreError> {
     let mut seen = HashMap::with_capacity(rows.len());
+    let mut ended = Vec::new();
     for row in rows {
         let id: Uuid = row.try_get("id")?;
         let state = RowState {
@@ -268,6 +337,9 @@ fn settle_results(settle: Settle, requested: &[MessageId], rows: &[PgRow]) -> Re
         let applied: bool = row.try_get("applied")?;
         let dead_now: bool = row.try_get("dead_lettered_now")?;
         seen.insert(id, (state, applied, dead_now));
+        if applied {
+            ended.push(ended_lease(id, lease_id, row)?);
+        }
     }
     // A repeated id was settled once; every copy reports that one outcome.
     let results = requested
@@ -287,5 +359,6 @@ fn settle_results(settle: Settle, requested: &[MessageId], rows: &[PgRow]) -> Re
     Ok(Settled {
         results,
         expires_at: None,
+        ended,
     })
 }

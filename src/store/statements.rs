@@ -27,6 +27,8 @@ pub(crate) struct Statements {
     pub extend: Arc<str>,
     pub extend_all: Arc<str>,
     pub stats: Arc<str>,
+    /// `stats` without the count of retained history, for the metrics sampler.
+    pub gauges: Arc<str>,
     pub purge: Arc<str>,
 }
 
@@ -34,15 +36,26 @@ impl Statements {
     /// `delete_on_ack`: zero retention, so an ack deletes the row.
     pub fn new(table: &TableRef, delete_on_ack: bool) -> Self {
         let quoted = table.quoted();
-        let build = |sql: &str| -> Arc<str> { strip_comments(&sql.replace("{table}", &quoted)).into() };
-        let settle = |filter: &str, tail: &str| build(&format!("{}\n{}", SETTLE_ROWS.replace("{filter}", filter), tail));
+        let build =
+            |sql: &str| -> Arc<str> { strip_comments(&sql.replace("{table}", &quoted)).into() };
+        let settle = |filter: &str, tail: &str| {
+            build(&format!(
+                "{}\n{}",
+                SETTLE_ROWS.replace("{filter}", filter),
+                tail
+            ))
+        };
         Self {
             claim: build(CLAIM),
             ack: settle(BY_ID, if delete_on_ack { ACK_DELETE } else { ACK }),
             nack: settle(BY_ID, NACK),
             extend: settle(BY_ID, EXTEND),
             extend_all: settle(BY_LEASE, EXTEND),
-            stats: build(STATS),
+            stats: build(&STATS.replace(
+                "{published_retained}",
+                "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
+            )),
+            gauges: build(&STATS.replace("{published_retained}", "0::bigint")),
             purge: build(PURGE),
         }
     }
@@ -65,7 +78,16 @@ mod tests {
     fn statements_name_the_quoted_table_and_no_placeholders() {
         let table = TableRef::new("sales", "outbox").expect("valid");
         let s = Statements::new(&table, false);
-        for sql in [&s.claim, &s.ack, &s.nack, &s.extend, &s.extend_all, &s.stats, &s.purge] {
+        for sql in [
+            &s.claim,
+            &s.ack,
+            &s.nack,
+            &s.extend,
+            &s.extend_all,
+            &s.stats,
+            &s.gauges,
+            &s.purge,
+        ] {
             assert!(sql.contains("\"sales\".\"outbox\""), "{sql}");
             assert!(!sql.contains('{'), "{sql}");
             assert!(!sql.contains("--"), "{sql}");

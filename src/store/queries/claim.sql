@@ -8,7 +8,8 @@ WITH candidates AS (
     SELECT id,
            lease_id   AS prev_lease_id,
            claimed_by AS prev_claimed_by,
-           claimed_at AS prev_claimed_at
+           claimed_at AS prev_claimed_at,
+           locked_until AS prev_locked_until
     FROM {table}
     WHERE published_at IS NULL
       AND dead_lettered_at IS NULL
@@ -42,4 +43,5 @@ RETURNING o.id,
           o.dead_lettered_at IS NOT NULL AS dead_lettered,
           c.prev_lease_id,
           c.prev_claimed_by,
-          c.prev_claimed_at
+          c.prev_claimed_at,
+          c.prev_locked_until

@@ -39,7 +39,7 @@ impl Relay {
                 &rabbit.exchange,
                 "--no-declare",
             ])
-            .args(["--wait", "1s", "--drain-timeout", "10s"])
+            .args(["--wait", "1s", "--drain-timeout", "10s", "--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
