@@ -39,7 +39,7 @@ SERVER_SRC = (REPO / "src/config.rs").read_text()
 RELAY_SRC = (REPO / "src/relay/config.rs").read_text()
 # Standard OpenTelemetry SDK variables both binaries read.
 OTEL = {
-    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SERVICE_NAME",
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
     "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
 }
 # RUST_LOG: tracing-subscriber's EnvFilter. The *_METRICS_LISTEN flags are being
@@ -352,6 +352,21 @@ def test_every_config_value_maps_to_one_env_var(render):
     # An empty string leaves each variable to outboxd's default.
     emptied = render({"config": {k: "" for k in defaults if k != "outboxes"}}).configmap()["data"]
     assert set(base) - set(emptied) == set(names.values()) - {"OUTBOXD_OUTBOXES"}
+
+
+def test_chart_reaches_every_flag(render):
+    """Every variable the binaries read from their flags can be set by the chart
+    (a new flag without a value fails here)."""
+    server_seen, relay_seen = set(), set()
+    relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
+                "config": {"workerId": "w", "noDeclare": True}}
+    for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on}]:
+        r = render(values)
+        server_seen |= set(r.configmap()["data"]) | set(_env(_containers(r.server())[0]))
+        if r.relay():
+            relay_seen |= set(_env(_containers(r.relay())[0]))
+    assert _env_names(SERVER_SRC) - server_seen == set()
+    assert _env_names(RELAY_SRC) - relay_seen == set()
 
 
 def test_outboxes_render_with_options(render):

@@ -174,6 +174,7 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "retentionInterval" "OUTBOXD_RETENTION_INTERVAL"
   "retentionBatch" "OUTBOXD_RETENTION_BATCH"
   "healthInterval" "OUTBOXD_HEALTH_INTERVAL"
+  "metricsInterval" "OUTBOXD_METRICS_INTERVAL"
   "drainTimeout" "OUTBOXD_DRAIN_TIMEOUT"
   "logFormat" "OUTBOXD_LOG_FORMAT"
   "rustLog" "RUST_LOG"
@@ -211,7 +212,6 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
 {{- if $o.enabled }}
 {{- $_ := set $env "OTEL_EXPORTER_OTLP_ENDPOINT" (required "otel.endpoint is required when otel.enabled" $o.endpoint) }}
 {{- $_ := set $env "OTEL_SERVICE_NAME" (default (index . 1) $o.serviceName) }}
-{{- with $o.protocol }}{{ $_ := set $env "OTEL_EXPORTER_OTLP_PROTOCOL" . }}{{ end }}
 {{- with $o.tracesSampler }}{{ $_ := set $env "OTEL_TRACES_SAMPLER" . }}{{ end }}
 {{- with $o.tracesSamplerArg }}{{ $_ := set $env "OTEL_TRACES_SAMPLER_ARG" (toString .) }}{{ end }}
 {{- $attrs := list }}
