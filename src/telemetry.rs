@@ -18,7 +18,10 @@ use opentelemetry_sdk::{
     runtime,
     trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
 };
-use tracing_subscriber::{EnvFilter, Layer, Registry, fmt, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing::Level;
+use tracing_subscriber::{
+    EnvFilter, Layer, Registry, filter::Targets, fmt, layer::SubscriberExt, util::SubscriberInitExt,
+};
 
 use crate::config::LogFormat;
 
@@ -90,24 +93,24 @@ pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
     })
 }
 
-/// The global subscriber: filter, OpenTelemetry bridge, and text or JSON lines.
+/// The global subscriber: log lines filtered by `RUST_LOG`, and this crate's
+/// spans to OpenTelemetry whatever the log level — `RUST_LOG=warn` must quiet
+/// the logs, not cut the traces (or the trace context sent to outboxd).
 pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::Tracer) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
+    let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
+    let otel = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(spans);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Text => fmt::layer().with_target(false).boxed(),
+        LogFormat::Text => fmt::layer().with_target(false).with_filter(filter).boxed(),
         LogFormat::Json => json_subscriber::layer()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
             .with_opentelemetry_ids(true)
+            .with_filter(filter)
             .boxed(),
     };
-    let _ = tracing_subscriber::registry()
-        .with(lines)
-        .with(otel)
-        .with(filter)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(lines).with(otel).try_init();
 }
 
 /// How a lease ended, as the `outbox.lease.outcome` attribute.

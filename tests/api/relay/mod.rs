@@ -30,6 +30,10 @@ struct Relay(Child);
 
 impl Relay {
     fn start(app: &TestApp, rabbit: &Rabbit, extra: &[&str]) -> Self {
+        Self::start_with_env(app, rabbit, extra, &[])
+    }
+
+    fn start_with_env(app: &TestApp, rabbit: &Rabbit, extra: &[&str], env: &[(&str, String)]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
             .args(["--server", &format!("http://{}", app.addr)])
             .args([
@@ -42,6 +46,7 @@ impl Relay {
             .args(["--wait", "1s", "--drain-timeout", "10s", "--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -401,4 +406,73 @@ async fn a_routing_key_nobody_binds_is_unroutable_too() {
         0
     );
     assert_eq!(rabbit.depth().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_published_message_carries_the_producers_trace() {
+    let _turn = BROKER.lock().await;
+    let collector = crate::support::otlp::collector();
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let trace_id = Uuid::new_v4().simple().to_string();
+    let producer_span = Uuid::new_v4().simple().to_string()[..16].to_owned();
+    let id = Uuid::new_v4();
+    app.insert_event(
+        id,
+        "order-9",
+        "order.created",
+        json!({}),
+        json!({ "traceparent": format!("00-{trace_id}-{producer_span}-01") }),
+    )
+    .await;
+    let relay = Relay::start_with_env(
+        &app,
+        &rabbit,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{}", collector.addr)),
+            ("OTEL_SERVICE_NAME", "outbox-relay".into()),
+        ],
+    );
+    wait_all_delivered(&app, &rabbit, 1, secs(60)).await;
+    assert!(relay.terminate().await.success());
+
+    let got = rabbit.drain().await;
+    let traceparent = got[0].headers.get("traceparent").cloned().unwrap_or_default();
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "a W3C traceparent: {traceparent}");
+    assert_eq!(parts[1], trace_id, "the message continues the producer's trace");
+    assert_ne!(parts[2], producer_span, "its parent is the relay's publish span");
+
+    let publish = collector
+        .wait_for(&trace_id, "publish span", |s| s.kind == 4 && s.service == "outbox-relay")
+        .await;
+    assert_eq!(publish.span_id, parts[2], "the published traceparent names the publish span");
+    assert_eq!(publish.parent_span_id, producer_span);
+    assert_eq!(publish.attributes["messaging.system"], "rabbitmq");
+    assert_eq!(publish.attributes["messaging.destination.name"], rabbit.exchange);
+    assert_eq!(publish.attributes["messaging.rabbitmq.destination.routing_key"], "order.created");
+    assert_eq!(publish.attributes["messaging.message.id"], id.to_string());
+    collector
+        .wait_for(&trace_id, "lease span", |s| s.name == "outbox lease")
+        .await;
+
+    // The relay's Ack is a client span whose context reached outboxd.
+    let deadline = tokio::time::Instant::now() + secs(20);
+    loop {
+        let spans = collector.all();
+        let continued = spans.iter().any(|client| {
+            client.service == "outbox-relay"
+                && client.kind == 3
+                && client.name == "outbox.v1.OutboxService/Ack"
+                && spans
+                    .iter()
+                    .any(|server| server.kind == 2 && server.parent_span_id == client.span_id)
+        });
+        if continued {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no outboxd span continues the relay's Ack");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
