@@ -56,12 +56,18 @@ impl Metrics {
         let mut builder = SdkMeterProvider::builder()
             .with_resource(telemetry::resource(service))
             .with_reader(prometheus);
-        let otlp = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
-            .iter()
-            .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()));
+        let otlp = [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        ]
+        .iter()
+        .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()));
         if otlp {
-            let exporter = opentelemetry_otlp::MetricExporter::builder().with_tonic().build()?;
-            builder = builder.with_reader(PeriodicReader::builder(exporter, runtime::Tokio).build());
+            let exporter = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .build()?;
+            builder =
+                builder.with_reader(PeriodicReader::builder(exporter, runtime::Tokio).build());
         }
         Ok(Self {
             provider: builder.build(),
@@ -103,11 +109,16 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: CancellationToken) {
     async fn scrape(State(metrics): State<Metrics>) -> impl IntoResponse {
         (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             metrics.render(),
         )
     }
-    let app = Router::new().route("/metrics", get(scrape)).with_state(metrics);
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(metrics);
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
@@ -140,7 +151,10 @@ impl ServerMetrics {
             meter.u64_counter(name).with_description(help).build()
         };
         let gauges: Arc<Mutex<BTreeMap<String, Stats>>> = Arc::default();
-        let gauge = |name: &'static str, unit: &'static str, help: &'static str, read: fn(&Stats) -> f64| {
+        let gauge = |name: &'static str,
+                     unit: &'static str,
+                     help: &'static str,
+                     read: fn(&Stats) -> f64| {
             let snapshot = Arc::clone(&gauges);
             meter
                 .f64_observable_gauge(name)
@@ -155,9 +169,24 @@ impl ServerMetrics {
                 .build()
         };
         let observers = vec![
-            gauge("outbox_pending_messages", "{message}", "Unpublished, not dead-lettered messages.", |s| s.pending as f64),
-            gauge("outbox_in_flight_messages", "{message}", "Messages under an unexpired lease.", |s| s.in_flight as f64),
-            gauge("outbox_dead_lettered_messages", "{message}", "Dead-lettered messages awaiting an operator.", |s| s.dead_lettered as f64),
+            gauge(
+                "outbox_pending_messages",
+                "{message}",
+                "Unpublished, not dead-lettered messages.",
+                |s| s.pending as f64,
+            ),
+            gauge(
+                "outbox_in_flight_messages",
+                "{message}",
+                "Messages under an unexpired lease.",
+                |s| s.in_flight as f64,
+            ),
+            gauge(
+                "outbox_dead_lettered_messages",
+                "{message}",
+                "Dead-lettered messages awaiting an operator.",
+                |s| s.dead_lettered as f64,
+            ),
             gauge(
                 "outbox_oldest_pending_age_seconds",
                 "s",
@@ -172,9 +201,15 @@ impl ServerMetrics {
             ),
         ];
         Self {
-            claimed: counter("outbox_messages_claimed_total", "Messages handed out under a lease."),
+            claimed: counter(
+                "outbox_messages_claimed_total",
+                "Messages handed out under a lease.",
+            ),
             acked: counter("outbox_messages_acked_total", "Messages acked (published)."),
-            nacked: counter("outbox_messages_nacked_total", "Messages released for a retry by a nack."),
+            nacked: counter(
+                "outbox_messages_nacked_total",
+                "Messages released for a retry by a nack.",
+            ),
             dead_lettered: counter(
                 "outbox_messages_dead_lettered_total",
                 "Messages dead-lettered (by nack or on reaching max attempts).",
@@ -252,8 +287,10 @@ impl ServerMetrics {
     }
 
     pub fn commit_to_ack(&self, outbox: &str, seconds: f64) {
-        self.commit_to_ack
-            .record(seconds.max(0.0), &[KeyValue::new("outbox", outbox.to_owned())]);
+        self.commit_to_ack.record(
+            seconds.max(0.0),
+            &[KeyValue::new("outbox", outbox.to_owned())],
+        );
     }
 
     /// The latest sample of an outbox's gauges.
@@ -296,13 +333,22 @@ impl RelayMetrics {
             meter.u64_counter(name).with_description(help).build()
         };
         Self {
-            published: counter("outbox_relay_published_total", "Messages sent to the broker."),
-            confirmed: counter("outbox_relay_confirmed_total", "Messages the broker confirmed."),
+            published: counter(
+                "outbox_relay_published_total",
+                "Messages sent to the broker.",
+            ),
+            confirmed: counter(
+                "outbox_relay_confirmed_total",
+                "Messages the broker confirmed.",
+            ),
             returned: counter(
                 "outbox_relay_returned_total",
                 "Messages the broker returned as unroutable (mandatory).",
             ),
-            broker_nacked: counter("outbox_relay_broker_nacked_total", "Messages the broker nacked."),
+            broker_nacked: counter(
+                "outbox_relay_broker_nacked_total",
+                "Messages the broker nacked.",
+            ),
             failed: counter(
                 "outbox_relay_publish_failed_total",
                 "Publishes that failed or timed out before a confirm (connection loss).",

@@ -12,11 +12,11 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     config::{Config, DatabaseConfig},
-    metrics::{self, Metrics, ServerMetrics},
     grpc::{
         OutboxApi,
         pb::{self, outbox_service_server::OutboxServiceServer},
     },
+    metrics::{self, Metrics, ServerMetrics},
     service::OutboxService,
     store::{AdoptMode, PgStore},
     wakeup::{self, Wakeup},
@@ -135,7 +135,11 @@ impl Server {
 
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(metrics::serve(metrics_listener, metrics.clone(), background.clone()));
+        tasks.spawn(metrics::serve(
+            metrics_listener,
+            metrics.clone(),
+            background.clone(),
+        ));
         tasks.spawn(sample_gauges(
             store.clone(),
             server_metrics.clone(),
@@ -265,7 +269,12 @@ async fn check_health(
 
 /// Samples each outbox's gauges: one query per outbox per interval, whatever
 /// the scrape rate, using the pending-rows index.
-async fn sample_gauges(store: PgStore, metrics: ServerMetrics, every: Duration, cancel: CancellationToken) {
+async fn sample_gauges(
+    store: PgStore,
+    metrics: ServerMetrics,
+    every: Duration,
+    cancel: CancellationToken,
+) {
     let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
     let mut failing = false;
     loop {

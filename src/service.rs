@@ -94,7 +94,8 @@ impl OutboxService {
         let settled = self.store.ack(req).await?;
         let outbox = req.outbox.as_str();
         self.metrics.acked(outbox, count(&settled, Outcome::Ok));
-        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        self.metrics
+            .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
         for lease in &settled.ended {
             let seconds = (lease.ended_at - lease.created_at).as_seconds_f64();
             self.metrics.commit_to_ack(outbox, seconds);
@@ -107,8 +108,10 @@ impl OutboxService {
         let settled = self.store.nack(req).await?;
         let outbox = req.outbox.as_str();
         self.metrics.nacked(outbox, count(&settled, Outcome::Ok));
-        self.metrics.dead_lettered(outbox, count(&settled, Outcome::DeadLettered));
-        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        self.metrics
+            .dead_lettered(outbox, count(&settled, Outcome::DeadLettered));
+        self.metrics
+            .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
         for lease in &settled.ended {
             let outcome = if lease.dead_lettered {
                 LeaseOutcome::DeadLettered
@@ -123,14 +126,17 @@ impl OutboxService {
     pub async fn extend(&self, req: &ExtendRequest) -> Result<Settled, Error> {
         let settled = self.store.extend(req).await?;
         let outbox = req.outbox.as_str();
-        self.metrics.lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        self.metrics
+            .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
         Ok(settled)
     }
 
     fn observe_claim(&self, outbox: &str, batch: &ClaimedBatch) {
         self.metrics.claimed(outbox, batch.messages.len());
-        self.metrics.dead_lettered(outbox, batch.dead_lettered.len());
-        self.metrics.leases_expired(outbox, batch.expired_leases.len());
+        self.metrics
+            .dead_lettered(outbox, batch.dead_lettered.len());
+        self.metrics
+            .leases_expired(outbox, batch.expired_leases.len());
         for lease in &batch.expired_leases {
             record_lease(outbox, lease, LeaseOutcome::Expired);
         }
@@ -142,5 +148,9 @@ impl OutboxService {
 }
 
 fn count(settled: &Settled, outcome: Outcome) -> usize {
-    settled.results.iter().filter(|r| r.outcome == outcome).count()
+    settled
+        .results
+        .iter()
+        .filter(|r| r.outcome == outcome)
+        .count()
 }

@@ -30,9 +30,12 @@ pub const SEMCONV_SCHEMA_URL: &str = opentelemetry_semantic_conventions::SCHEMA_
 
 /// True when the standard variables ask for an OTLP exporter.
 pub fn otlp_configured() -> bool {
-    ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-        .iter()
-        .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()))
+    [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()))
 }
 
 /// The resource: `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` when given,
@@ -44,7 +47,9 @@ pub fn resource(default_service: &str) -> Resource {
     if named {
         builder.build()
     } else {
-        builder.with_service_name(default_service.to_owned()).build()
+        builder
+            .with_service_name(default_service.to_owned())
+            .build()
     }
 }
 
@@ -54,7 +59,9 @@ pub fn resource(default_service: &str) -> Resource {
 pub fn tracer_provider(default_service: &str) -> anyhow::Result<SdkTracerProvider> {
     let builder = SdkTracerProvider::builder().with_resource(resource(default_service));
     let builder = if otlp_configured() {
-        let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()?;
         builder.with_span_processor(BatchSpanProcessor::builder(exporter, runtime::Tokio).build())
     } else {
         builder
@@ -99,7 +106,9 @@ pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
 pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::Tracer) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
-    let otel = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(spans);
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(spans);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => fmt::layer().with_target(false).with_filter(filter).boxed(),
         LogFormat::Json => json_subscriber::layer()
@@ -110,7 +119,10 @@ pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::T
             .with_filter(filter)
             .boxed(),
     };
-    let _ = tracing_subscriber::registry().with(lines).with(otel).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(lines)
+        .with(otel)
+        .try_init();
 }
 
 /// How a lease ended, as the `outbox.lease.outcome` attribute.
@@ -175,7 +187,9 @@ pub fn record_lease(outbox: &str, lease: &crate::store::EndedLease, outcome: Lea
         .start_with_context(&tracer, &parent);
     match outcome {
         LeaseOutcome::Ok => span.set_status(Status::Ok),
-        LeaseOutcome::Expired => span.set_status(Status::error("lease expired before it was settled")),
+        LeaseOutcome::Expired => {
+            span.set_status(Status::error("lease expired before it was settled"))
+        }
         LeaseOutcome::DeadLettered => span.set_status(Status::error("dead-lettered")),
         LeaseOutcome::Nacked => {}
     }

@@ -69,8 +69,13 @@ impl Rpc for OutboxApi {
         .await
     }
 
-    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        let span = settle_span("Ack", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+    async fn ack(
+        &self,
+        request: Request<pb::AckRequest>,
+    ) -> Result<Response<pb::AckResponse>, Status> {
+        let span = settle_span("Ack", &request, |r| {
+            (&r.outbox, &r.lease_id, r.message_ids.len())
+        });
         self.observed("Ack", span, async {
             let req = convert::ack(request.get_ref(), &self.limits).map_err(Error::from)?;
             let settled = self.service.ack(&req).await?;
@@ -81,8 +86,13 @@ impl Rpc for OutboxApi {
         .await
     }
 
-    async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
-        let span = settle_span("Nack", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+    async fn nack(
+        &self,
+        request: Request<pb::NackRequest>,
+    ) -> Result<Response<pb::NackResponse>, Status> {
+        let span = settle_span("Nack", &request, |r| {
+            (&r.outbox, &r.lease_id, r.message_ids.len())
+        });
         self.observed("Nack", span, async {
             let req = convert::nack(request.get_ref(), &self.limits).map_err(Error::from)?;
             let settled = self.service.nack(&req).await?;
@@ -97,7 +107,9 @@ impl Rpc for OutboxApi {
         &self,
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
-        let span = settle_span("ExtendLease", &request, |r| (&r.outbox, &r.lease_id, r.message_ids.len()));
+        let span = settle_span("ExtendLease", &request, |r| {
+            (&r.outbox, &r.lease_id, r.message_ids.len())
+        });
         self.observed("ExtendLease", span, async {
             let req = convert::extend(request.get_ref(), &self.limits).map_err(Error::from)?;
             let settled = self.service.extend(&req).await?;

@@ -6,7 +6,10 @@
 
 use opentelemetry::{global, propagation::Extractor};
 use tokio::time::Instant;
-use tonic::{Code, Request, Status, metadata::{KeyRef, MetadataMap}};
+use tonic::{
+    Code, Request, Status,
+    metadata::{KeyRef, MetadataMap},
+};
 use tracing::{Span, field::Empty};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -49,7 +52,8 @@ pub fn server_span<T>(method: &'static str, request: &Request<T>) -> Span {
         lease_id = Empty,
         batch_size = Empty,
     );
-    let parent = global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(request.metadata())));
+    let parent =
+        global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(request.metadata())));
     let _ = span.set_parent(parent);
     if let Some(peer) = request.remote_addr() {
         span.record("network.peer.address", peer.ip().to_string());
@@ -58,7 +62,13 @@ pub fn server_span<T>(method: &'static str, request: &Request<T>) -> Span {
 }
 
 /// Records the outcome on the span and the duration histogram.
-pub fn finish<R>(span: &Span, metrics: &ServerMetrics, method: &'static str, started: Instant, result: &Result<R, Status>) {
+pub fn finish<R>(
+    span: &Span,
+    metrics: &ServerMetrics,
+    method: &'static str,
+    started: Instant,
+    result: &Result<R, Status>,
+) {
     let code = match result {
         Ok(_) => Code::Ok,
         Err(status) => status.code(),
@@ -67,7 +77,12 @@ pub fn finish<R>(span: &Span, metrics: &ServerMetrics, method: &'static str, sta
     // Server-side errors per the conventions; a client's mistake is not one.
     if matches!(
         code,
-        Code::Unknown | Code::DeadlineExceeded | Code::Unimplemented | Code::Internal | Code::Unavailable | Code::DataLoss
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
     ) {
         span.record("otel.status_code", "ERROR");
     }

@@ -101,7 +101,11 @@ impl Broker {
 
     /// A producer span per message, in the producer's trace (its stored
     /// `traceparent`), and the headers to publish with this span's context.
-    fn publish_span(&self, m: &OutboxMessage, routing_key: &str) -> (BoxedSpan, HashMap<String, String>) {
+    fn publish_span(
+        &self,
+        m: &OutboxMessage,
+        routing_key: &str,
+    ) -> (BoxedSpan, HashMap<String, String>) {
         let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
         let tracer = global::tracer("outbox-relay");
         let span = tracer
@@ -112,7 +116,10 @@ impl Broker {
                 KeyValue::new(MESSAGING_OPERATION_TYPE, "send"),
                 KeyValue::new(MESSAGING_OPERATION_NAME, "publish"),
                 KeyValue::new(MESSAGING_DESTINATION_NAME, self.exchange.clone()),
-                KeyValue::new(MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY, routing_key.to_owned()),
+                KeyValue::new(
+                    MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY,
+                    routing_key.to_owned(),
+                ),
                 KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
             ])
             .start_with_context(&tracer, &parent);
@@ -135,7 +142,11 @@ impl Broker {
 
     /// AMQP properties; `trace_headers` are the producer's headers with the
     /// publish span's `traceparent`, so consumers continue the same trace.
-    fn properties(&self, m: &OutboxMessage, trace_headers: &HashMap<String, String>) -> BasicProperties {
+    fn properties(
+        &self,
+        m: &OutboxMessage,
+        trace_headers: &HashMap<String, String>,
+    ) -> BasicProperties {
         let mut headers = FieldTable::default();
         // Producer headers first, so ours win on a clash.
         for (key, value) in trace_headers {

@@ -69,7 +69,11 @@ pub struct RelayArgs {
     pub drain_timeout: Duration,
 
     /// Prometheus metrics address (`GET /metrics`).
-    #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
     pub metrics_listen: std::net::SocketAddr,
 
     #[command(flatten)]

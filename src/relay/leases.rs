@@ -59,7 +59,13 @@ impl GrpcLeases {
 
     /// One RPC under a client span whose context travels in the request
     /// metadata, so outboxd's server span continues the relay's trace.
-    async fn call<T, R, F, Fut>(&self, method: &'static str, message: T, extra: Duration, rpc: F) -> Result<R, Status>
+    async fn call<T, R, F, Fut>(
+        &self,
+        method: &'static str,
+        message: T,
+        extra: Duration,
+        rpc: F,
+    ) -> Result<R, Status>
     where
         F: FnOnce(OutboxServiceClient<Channel>, Request<T>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
@@ -80,7 +86,9 @@ impl GrpcLeases {
         global::get_text_map_propagator(|p| {
             p.inject_context(&context, &mut MetadataInjector(request.metadata_mut()))
         });
-        let result = rpc(self.client.clone(), request).instrument(span.clone()).await;
+        let result = rpc(self.client.clone(), request)
+            .instrument(span.clone())
+            .await;
         match &result {
             Ok(_) => span.record("rpc.response.status_code", "OK"),
             Err(status) => {
@@ -115,18 +123,24 @@ fn wait_of(req: &pb::ClaimBatchRequest) -> Duration {
 impl Leases for GrpcLeases {
     async fn claim(&self, req: pb::ClaimBatchRequest) -> Result<pb::ClaimBatchResponse, Status> {
         let wait = wait_of(&req);
-        self.call("ClaimBatch", req, wait, |mut c, r| async move { c.claim_batch(r).await })
-            .await
+        self.call("ClaimBatch", req, wait, |mut c, r| async move {
+            c.claim_batch(r).await
+        })
+        .await
     }
 
     async fn ack(&self, req: pb::AckRequest) -> Result<pb::AckResponse, Status> {
-        self.call("Ack", req, Duration::ZERO, |mut c, r| async move { c.ack(r).await })
-            .await
+        self.call("Ack", req, Duration::ZERO, |mut c, r| async move {
+            c.ack(r).await
+        })
+        .await
     }
 
     async fn nack(&self, req: pb::NackRequest) -> Result<pb::NackResponse, Status> {
-        self.call("Nack", req, Duration::ZERO, |mut c, r| async move { c.nack(r).await })
-            .await
+        self.call("Nack", req, Duration::ZERO, |mut c, r| async move {
+            c.nack(r).await
+        })
+        .await
     }
 
     async fn extend(&self, req: pb::ExtendLeaseRequest) -> Result<pb::ExtendLeaseResponse, Status> {

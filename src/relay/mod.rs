@@ -38,7 +38,11 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
     let server = Arc::new(ServerLink::default());
     let tasks = TaskTracker::new();
     let metrics_stop = CancellationToken::new();
-    let endpoint = tokio::spawn(crate::metrics::serve(metrics_listener, metrics.clone(), metrics_stop.clone()));
+    let endpoint = tokio::spawn(crate::metrics::serve(
+        metrics_listener,
+        metrics.clone(),
+        metrics_stop.clone(),
+    ));
     for _ in 0..config.concurrency {
         let worker = Worker::new(
             leases.clone(),

@@ -333,10 +333,8 @@ mod tests {
         async fn claim(&self, _: pb::ClaimBatchRequest) -> Result<pb::ClaimBatchResponse, Status> {
             let next = self.script(|s| {
                 let next = s.claims.pop_front();
-                if s.claims.is_empty() {
-                    if let Some(stop) = &s.stop_when_empty {
-                        stop.cancel();
-                    }
+                if let Some(stop) = s.stop_when_empty.as_ref().filter(|_| s.claims.is_empty()) {
+                    stop.cancel();
                 }
                 next
             });

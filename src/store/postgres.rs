@@ -265,7 +265,9 @@ fn stats_of(row: &PgRow) -> Result<Stats, StoreError> {
         Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
     };
     let age = |name: &str| -> Result<Duration, sqlx::Error> {
-        Ok(Duration::from_secs_f64(row.try_get::<f64, _>(name)?.max(0.0)))
+        Ok(Duration::from_secs_f64(
+            row.try_get::<f64, _>(name)?.max(0.0),
+        ))
     };
     Ok(Stats {
         pending: count("pending")?,

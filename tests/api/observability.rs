@@ -20,15 +20,24 @@ async fn the_lease_span_continues_the_producers_trace() {
     let app = TestApp::spawn().await;
     let (traceparent, trace_id, producer_span) = producer_context();
     let id = Uuid::new_v4();
-    app.insert_event(id, "order-1", "order.created", json!({"n": 1}), json!({ "traceparent": traceparent }))
-        .await;
+    app.insert_event(
+        id,
+        "order-1",
+        "order.created",
+        json!({"n": 1}),
+        json!({ "traceparent": traceparent }),
+    )
+    .await;
     let batch = app.claim("w-trace", 10, secs(30), secs(0)).await;
     app.ack(&batch.lease_id, &[id.to_string()]).await;
 
     let lease = collector()
         .wait_for(&trace_id, "outbox lease span", |s| s.name == "outbox lease")
         .await;
-    assert_eq!(lease.parent_span_id, producer_span, "child of the producer's span");
+    assert_eq!(
+        lease.parent_span_id, producer_span,
+        "child of the producer's span"
+    );
     assert_eq!(lease.attributes["outbox.lease.outcome"], "ok");
     assert_eq!(lease.attributes["messaging.message.id"], id.to_string());
     assert_eq!(lease.attributes["outbox.worker.id"], "w-trace");
@@ -41,8 +50,14 @@ async fn an_expired_lease_is_reported_when_the_row_is_reclaimed() {
     let app = TestApp::spawn().await;
     let (traceparent, trace_id, producer_span) = producer_context();
     let id = Uuid::new_v4();
-    app.insert_event(id, "order-2", "order.created", json!({}), json!({ "traceparent": traceparent }))
-        .await;
+    app.insert_event(
+        id,
+        "order-2",
+        "order.created",
+        json!({}),
+        json!({ "traceparent": traceparent }),
+    )
+    .await;
     let first = app.claim("w-slow", 1, secs(1), secs(0)).await;
     assert_eq!(first.messages.len(), 1);
     // The retry comes once the 1 s lease has run out.
@@ -51,7 +66,8 @@ async fn an_expired_lease_is_reported_when_the_row_is_reclaimed() {
 
     let expired = collector()
         .wait_for(&trace_id, "expired lease span", |s| {
-            s.name == "outbox lease" && s.attributes.get("outbox.lease.outcome").map(String::as_str) == Some("expired")
+            s.name == "outbox lease"
+                && s.attributes.get("outbox.lease.outcome").map(String::as_str) == Some("expired")
         })
         .await;
     assert_eq!(expired.parent_span_id, producer_span);
@@ -75,7 +91,9 @@ async fn the_server_span_continues_the_callers_trace() {
     app.client.clone().ack(request).await.expect("ack answers");
 
     let span = collector()
-        .wait_for(&trace_id, "server span", |s| s.name == "outbox.v1.OutboxService/Ack")
+        .wait_for(&trace_id, "server span", |s| {
+            s.name == "outbox.v1.OutboxService/Ack"
+        })
         .await;
     assert_eq!(span.parent_span_id, caller_span);
     assert_eq!(span.kind, 2, "server span");
@@ -96,7 +114,10 @@ async fn scrape(app: &TestApp) -> String {
         .expect("send scrape");
     let mut body = String::new();
     stream.read_to_string(&mut body).await.expect("read scrape");
-    assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
     body
 }
 
@@ -111,7 +132,10 @@ fn value(body: &str, name: &str) -> f64 {
 }
 
 async fn metric_reaches(app: &TestApp, name: &str, what: &str, check: impl Fn(f64) -> bool) {
-    wait_until(secs(10), what, async || check(value(&scrape(app).await, name))).await;
+    wait_until(secs(10), what, async || {
+        check(value(&scrape(app).await, name))
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -124,38 +148,96 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
     app.insert_event(id, "a", "t", json!({}), json!({})).await;
     metric_reaches(&app, "outbox_pending_messages", "one pending", |v| v == 1.0).await;
     // The age grows while the row waits, by the database clock.
-    metric_reaches(&app, "outbox_oldest_pending_age_seconds", "age above 0.3 s", |v| v > 0.3).await;
+    metric_reaches(
+        &app,
+        "outbox_oldest_pending_age_seconds",
+        "age above 0.3 s",
+        |v| v > 0.3,
+    )
+    .await;
 
     let empty_before = value(&scrape(&app).await, "outbox_empty_claims_total");
     let batch = app.claim("w-metrics", 10, secs(30), secs(0)).await;
     assert_eq!(batch.messages.len(), 1);
-    metric_reaches(&app, "outbox_messages_claimed_total", "claimed 1", |v| v == 1.0).await;
-    metric_reaches(&app, "outbox_in_flight_messages", "one in flight", |v| v == 1.0).await;
+    metric_reaches(&app, "outbox_messages_claimed_total", "claimed 1", |v| {
+        v == 1.0
+    })
+    .await;
+    metric_reaches(&app, "outbox_in_flight_messages", "one in flight", |v| {
+        v == 1.0
+    })
+    .await;
     let _ = app.claim("w-metrics", 10, secs(30), secs(0)).await;
-    metric_reaches(&app, "outbox_empty_claims_total", "an empty claim counted", |v| v > empty_before).await;
+    metric_reaches(
+        &app,
+        "outbox_empty_claims_total",
+        "an empty claim counted",
+        |v| v > empty_before,
+    )
+    .await;
 
-    app.nack_retry(&batch.lease_id, &[id.to_string()], Some(millis(0))).await;
-    metric_reaches(&app, "outbox_messages_nacked_total", "nacked 1", |v| v == 1.0).await;
+    app.nack_retry(&batch.lease_id, &[id.to_string()], Some(millis(0)))
+        .await;
+    metric_reaches(&app, "outbox_messages_nacked_total", "nacked 1", |v| {
+        v == 1.0
+    })
+    .await;
 
     // A lease that runs out is counted when the row is claimed again.
     let short = app.claim("w-metrics", 10, secs(1), secs(0)).await;
     assert_eq!(short.messages.len(), 1);
     let again = app.claim("w-metrics", 10, secs(30), secs(5)).await;
     assert_eq!(again.messages.len(), 1);
-    metric_reaches(&app, "outbox_leases_expired_total", "one expiry", |v| v == 1.0).await;
+    metric_reaches(&app, "outbox_leases_expired_total", "one expiry", |v| {
+        v == 1.0
+    })
+    .await;
 
     // The stale lease's ack is refused and counted; the live one is acked.
     app.ack(&short.lease_id, &[id.to_string()]).await;
-    metric_reaches(&app, "outbox_lease_lost_total", "one stale ack", |v| v == 1.0).await;
+    metric_reaches(&app, "outbox_lease_lost_total", "one stale ack", |v| {
+        v == 1.0
+    })
+    .await;
     app.ack(&again.lease_id, &[id.to_string()]).await;
     metric_reaches(&app, "outbox_messages_acked_total", "acked 1", |v| v == 1.0).await;
-    metric_reaches(&app, "outbox_commit_to_ack_seconds_count", "one commit-to-ack sample", |v| v == 1.0).await;
-    metric_reaches(&app, "outbox_pending_messages", "nothing pending", |v| v == 0.0).await;
-    metric_reaches(&app, "outbox_oldest_pending_age_seconds", "age back to zero", |v| v == 0.0).await;
-    metric_reaches(&app, "outbox_in_flight_messages", "nothing in flight", |v| v == 0.0).await;
+    metric_reaches(
+        &app,
+        "outbox_commit_to_ack_seconds_count",
+        "one commit-to-ack sample",
+        |v| v == 1.0,
+    )
+    .await;
+    metric_reaches(&app, "outbox_pending_messages", "nothing pending", |v| {
+        v == 0.0
+    })
+    .await;
+    metric_reaches(
+        &app,
+        "outbox_oldest_pending_age_seconds",
+        "age back to zero",
+        |v| v == 0.0,
+    )
+    .await;
+    metric_reaches(
+        &app,
+        "outbox_in_flight_messages",
+        "nothing in flight",
+        |v| v == 0.0,
+    )
+    .await;
 
     let body = scrape(&app).await;
-    assert!(value(&body, "outbox_rpc_duration_seconds_count") >= 6.0, "RPC durations recorded");
-    assert!(body.contains("outbox_claim_batch_size_bucket"), "batch size histogram exposed");
-    assert!(body.contains("outbox_dead_lettered_messages"), "dead-letter gauge exposed");
+    assert!(
+        value(&body, "outbox_rpc_duration_seconds_count") >= 6.0,
+        "RPC durations recorded"
+    );
+    assert!(
+        body.contains("outbox_claim_batch_size_bucket"),
+        "batch size histogram exposed"
+    );
+    assert!(
+        body.contains("outbox_dead_lettered_messages"),
+        "dead-letter gauge exposed"
+    );
 }

@@ -33,7 +33,12 @@ impl Relay {
         Self::start_with_env(app, rabbit, extra, &[])
     }
 
-    fn start_with_env(app: &TestApp, rabbit: &Rabbit, extra: &[&str], env: &[(&str, String)]) -> Self {
+    fn start_with_env(
+        app: &TestApp,
+        rabbit: &Rabbit,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
             .args(["--server", &format!("http://{}", app.addr)])
             .args([
@@ -43,7 +48,14 @@ impl Relay {
                 &rabbit.exchange,
                 "--no-declare",
             ])
-            .args(["--wait", "1s", "--drain-timeout", "10s", "--metrics-listen", "127.0.0.1:0"])
+            .args([
+                "--wait",
+                "1s",
+                "--drain-timeout",
+                "10s",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
             .args(extra)
             .env("RUST_LOG", "warn")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -430,7 +442,10 @@ async fn the_published_message_carries_the_producers_trace() {
         &rabbit,
         &[],
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{}", collector.addr)),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://{}", collector.addr),
+            ),
             ("OTEL_SERVICE_NAME", "outbox-relay".into()),
         ],
     );
@@ -438,20 +453,41 @@ async fn the_published_message_carries_the_producers_trace() {
     assert!(relay.terminate().await.success());
 
     let got = rabbit.drain().await;
-    let traceparent = got[0].headers.get("traceparent").cloned().unwrap_or_default();
+    let traceparent = got[0]
+        .headers
+        .get("traceparent")
+        .cloned()
+        .unwrap_or_default();
     let parts: Vec<&str> = traceparent.split('-').collect();
     assert_eq!(parts.len(), 4, "a W3C traceparent: {traceparent}");
-    assert_eq!(parts[1], trace_id, "the message continues the producer's trace");
-    assert_ne!(parts[2], producer_span, "its parent is the relay's publish span");
+    assert_eq!(
+        parts[1], trace_id,
+        "the message continues the producer's trace"
+    );
+    assert_ne!(
+        parts[2], producer_span,
+        "its parent is the relay's publish span"
+    );
 
     let publish = collector
-        .wait_for(&trace_id, "publish span", |s| s.kind == 4 && s.service == "outbox-relay")
+        .wait_for(&trace_id, "publish span", |s| {
+            s.kind == 4 && s.service == "outbox-relay"
+        })
         .await;
-    assert_eq!(publish.span_id, parts[2], "the published traceparent names the publish span");
+    assert_eq!(
+        publish.span_id, parts[2],
+        "the published traceparent names the publish span"
+    );
     assert_eq!(publish.parent_span_id, producer_span);
     assert_eq!(publish.attributes["messaging.system"], "rabbitmq");
-    assert_eq!(publish.attributes["messaging.destination.name"], rabbit.exchange);
-    assert_eq!(publish.attributes["messaging.rabbitmq.destination.routing_key"], "order.created");
+    assert_eq!(
+        publish.attributes["messaging.destination.name"],
+        rabbit.exchange
+    );
+    assert_eq!(
+        publish.attributes["messaging.rabbitmq.destination.routing_key"],
+        "order.created"
+    );
     assert_eq!(publish.attributes["messaging.message.id"], id.to_string());
     collector
         .wait_for(&trace_id, "lease span", |s| s.name == "outbox lease")
@@ -472,7 +508,10 @@ async fn the_published_message_carries_the_producers_trace() {
         if continued {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no outboxd span continues the relay's Ack");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no outboxd span continues the relay's Ack"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -21,7 +21,10 @@ use opentelemetry_proto::tonic::{
 use opentelemetry_sdk::{
     propagation::TraceContextPropagator,
     runtime,
-    trace::{BatchConfigBuilder, SdkTracerProvider, Tracer, span_processor_with_async_runtime::BatchSpanProcessor},
+    trace::{
+        BatchConfigBuilder, SdkTracerProvider, Tracer,
+        span_processor_with_async_runtime::BatchSpanProcessor,
+    },
 };
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
@@ -103,7 +106,11 @@ impl Collector {
     /// Every span received so far in trace `trace_id`.
     pub fn spans_in(&self, trace_id: &str) -> Vec<ReceivedSpan> {
         let spans = self.store.0.lock().expect("collector lock");
-        spans.iter().filter(|s| s.trace_id == trace_id).cloned().collect()
+        spans
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect()
     }
 
     /// Every span received so far.
@@ -148,7 +155,9 @@ pub fn collector() -> &'static Collector {
                     .build()
                     .expect("collector runtime");
                 rt.block_on(async move {
-                    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind collector");
+                    let listener = TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("bind collector");
                     let addr = listener.local_addr().expect("collector address");
                     let store = Store::default();
                     let exporter = opentelemetry_otlp::SpanExporter::builder()
