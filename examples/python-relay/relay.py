@@ -17,6 +17,22 @@ vars, same AMQP properties, same settle rules. Generate the gRPC stubs first
 
 from __future__ import annotations
 
+import signal
+import threading
+
+#: Set by SIGTERM/SIGINT. The handlers go in before the heavy imports below
+#: (grpc alone takes about a second), so a stop during start-up still exits 0.
+STOP = threading.Event()
+
+
+def _request_stop(_signum: int, _frame: object) -> None:
+    STOP.set()  # only this: a signal handler should do as little as possible
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+
 import argparse
 import concurrent.futures
 import dataclasses
@@ -25,10 +41,8 @@ import logging
 import os
 import random
 import re
-import signal
 import socket
 import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -607,7 +621,10 @@ class Broker:
                 on_close_callback=self._on_close,
             )
             with self._lock:
-                self._conn = conn
+                if self._stopping.is_set():  # close() ran since the loop's check
+                    conn.ioloop.close()
+                    break
+                self._conn = conn  # from here on, close() sees it and closes it
             try:
                 conn.ioloop.start()
             except Exception:
@@ -656,10 +673,11 @@ class Broker:
                         self._broker, reason)
 
     def _close_connection(self, conn: pika.SelectConnection) -> None:
-        if conn.is_open:
-            conn.close(reply_text="relay stopping")
-        elif not conn.is_closing:
+        if conn.is_closed:
             conn.ioloop.stop()
+        elif not conn.is_closing:
+            # Also aborts a connection still opening (on_open_error then stops the loop).
+            conn.close(reply_text="relay stopping")
 
     def _guarded(self, work: Callable[[concurrent.futures.Future[T]], None], future: concurrent.futures.Future[T]) -> None:
         """A bug in one piece of work fails its future instead of the I/O thread."""
@@ -1041,13 +1059,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     configure_logging(config.log_level)
 
-    stop = threading.Event()
-
-    def request_stop(_signum: int, _frame: object) -> None:
-        stop.set()  # only this: a signal handler should do as little as possible
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = STOP
+    signal.signal(signal.SIGTERM, _request_stop)  # again, for callers of main() other than __main__
+    signal.signal(signal.SIGINT, _request_stop)
 
     leases = GrpcLeases(config.server, config.secure)
     broker = Broker(config)

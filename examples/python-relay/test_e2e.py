@@ -476,8 +476,10 @@ def test_relay_recovers_from_lost_broker_and_server_connections(database: str, o
         channel.queue_declare(rabbit.queue, durable=True)
         channel.queue_bind(rabbit.queue, rabbit.exchange, routing_key="#")
     worker_id = f"pytest-{uuid.uuid4().hex[:8]}"
+    # A short lease: a claim that outboxd committed but could not answer before
+    # its SIGKILL is only recovered by lease expiry, and that should not take 30 s.
     relay = start_relay(processes, server, rabbit.exchange, "--batch-size", "20", "--concurrency", "2",
-                        worker_id=worker_id)
+                        "--lease", "5", worker_id=worker_id)
 
     def log_count(text: str) -> int:
         return relay.log.read_text(errors="replace").count(text)
@@ -485,7 +487,6 @@ def test_relay_recovers_from_lost_broker_and_server_connections(database: str, o
     # A producer that keeps writing for a few seconds, so the faults below hit
     # a relay that is busy, with batches in flight.
     committed: dict[str, Event] = {}
-    producing = threading.Event()
 
     def paced_producer() -> None:
         with psycopg.connect(database, autocommit=True) as conn:
@@ -494,7 +495,6 @@ def test_relay_recovers_from_lost_broker_and_server_connections(database: str, o
                 with conn.transaction(), conn.cursor() as cur:
                     insert(cur, events)
                 committed.update((e.id, e) for e in events)
-                producing.set()
                 time.sleep(0.03)  # pacing only: spreads the writes over the faults
 
     consumer = Consumer(rabbit.queue)
@@ -515,6 +515,12 @@ def test_relay_recovers_from_lost_broker_and_server_connections(database: str, o
                        diagnostics=relay.logs)
             outboxd(port=server.port)
             producer.result()
+
+        # 3. Events written after the restart must come through the new outboxd.
+        with psycopg.connect(database, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+            late = [make_event(10, 0, n) for n in range(200)]
+            insert(cur, late)
+        committed.update((e.id, e) for e in late)
 
         assert consumer.take(lambda: committed.keys() <= consumer.received.keys(), timeout=DEADLINE), \
             f"{len(committed.keys() - consumer.received.keys())} events lost\n{relay.logs()}"
