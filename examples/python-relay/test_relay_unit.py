@@ -7,6 +7,7 @@ backoff, release failures for a prompt retry, extend long-running leases.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import threading
 from collections.abc import Sequence
@@ -243,7 +244,7 @@ def test_durations(raw: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("raw", ["", "s", "10x", "ten", "5s junk"])
 def test_bad_durations(raw: str) -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         relay.parse_duration(raw)
 
 
