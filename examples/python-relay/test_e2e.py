@@ -168,7 +168,7 @@ def outboxd(database: str, processes: Callable[..., Process]) -> Callable[..., O
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
         proc = processes("outboxd", [
             str(OUTBOXD_BIN), "--database-url", database, "--listen", f"127.0.0.1:{port}",
-            "--poll-interval", "200ms", *extra,
+            "--metrics-listen", "127.0.0.1:0", "--poll-interval", "200ms", *extra,
         ], env=env)
         target = f"127.0.0.1:{port}"
         with grpc.insecure_channel(target) as channel:
