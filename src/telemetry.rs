@@ -9,7 +9,10 @@
 //! on the tokio runtime, because the default one exports from a plain thread
 //! where the tonic exporter finds no reactor.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use opentelemetry::{KeyValue, global, trace::TracerProvider as _};
 use opentelemetry_sdk::{
@@ -89,8 +92,13 @@ impl Telemetry {
     }
 }
 
+/// Lease spans are built only when something exports them: a span per message
+/// is the one piece of tracing whose cost grows with throughput.
+static LEASE_SPANS: AtomicBool = AtomicBool::new(true);
+
 /// Installs logs and traces for a binary. Call once, inside the runtime.
 pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
+    LEASE_SPANS.store(otlp_configured(), Ordering::Relaxed);
     global::set_text_map_propagator(TraceContextPropagator::new());
     let provider = tracer_provider(service)?;
     global::set_tracer_provider(provider.clone());
@@ -155,7 +163,10 @@ pub fn record_lease(outbox: &str, lease: &crate::store::EndedLease, outcome: Lea
     use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
     use opentelemetry_semantic_conventions::attribute::MESSAGING_MESSAGE_ID;
 
-    let Some(claimed_at) = lease.claimed_at else {
+    let Some(claimed_at) = lease
+        .claimed_at
+        .filter(|_| LEASE_SPANS.load(Ordering::Relaxed))
+    else {
         return;
     };
     let mut carrier = std::collections::HashMap::new();
