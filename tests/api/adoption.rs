@@ -1,0 +1,299 @@
+//! Adopting an existing outbox table of the classic shape (uuid aggregate_id, no
+//! lease columns): served as it is, adopted once however many replicas start,
+//! and refused with a clear reason when start-up may not change it.
+
+use std::{sync::Arc, time::Duration};
+
+use outboxd::server::Server;
+use serde_json::json;
+use sqlx::AssertSqlSafe;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::support::{OK, ServerArgs, TestApp, TestDb, config_for, ids, secs, within};
+
+/// The table as a classic relay would have left it.
+const CLASSIC_TABLE: &str = "CREATE TABLE public.legacy_outbox (
+    id uuid PRIMARY KEY,
+    aggregate_id uuid NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz
+)";
+
+fn legacy(args: &mut ServerArgs) {
+    args.add("--outbox", "legacy=public.legacy_outbox");
+}
+
+struct Legacy {
+    db: Arc<TestDb>,
+    /// Unpublished rows: (id, aggregate_id), oldest first.
+    pending: Vec<(Uuid, Uuid)>,
+    published: Vec<Uuid>,
+}
+
+/// A fresh database holding a classic outbox with three unpublished rows and two
+/// the old relay already published.
+async fn classic_outbox() -> Legacy {
+    let db = TestDb::create().await;
+    db.execute(CLASSIC_TABLE).await;
+    let pending: Vec<(Uuid, Uuid)> = (0..3).map(|_| (Uuid::new_v4(), Uuid::new_v4())).collect();
+    let published: Vec<Uuid> = (0..2).map(|_| Uuid::new_v4()).collect();
+    for (age, (id, aggregate)) in pending.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO public.legacy_outbox (id, aggregate_id, event_type, payload, created_at)
+             VALUES ($1, $2, 'order.created', $3, now() - make_interval(mins => $4))",
+        )
+        .bind(id)
+        .bind(aggregate)
+        .bind(json!({ "n": age }))
+        .bind(10 - age as i32)
+        .execute(&db.pool)
+        .await
+        .expect("insert a classic row");
+    }
+    for id in &published {
+        sqlx::query(
+            "INSERT INTO public.legacy_outbox (id, aggregate_id, event_type, payload, published_at)
+             VALUES ($1, gen_random_uuid(), 'order.shipped', '{}', now() - interval '1 hour')",
+        )
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .expect("insert a published classic row");
+    }
+    Legacy {
+        db,
+        pending,
+        published,
+    }
+}
+
+/// Columns, indexes and triggers of the legacy table, as text.
+async fn shape(db: &TestDb) -> String {
+    sqlx::query_scalar::<_, String>(
+        "SELECT concat_ws(' | ',
+            (SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
+               FROM pg_attribute
+              WHERE attrelid = 'public.legacy_outbox'::regclass AND attnum > 0 AND NOT attisdropped),
+            (SELECT string_agg(indexdef, '; ' ORDER BY indexname)
+               FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'legacy_outbox'),
+            (SELECT string_agg(tgname, ', ' ORDER BY tgname)
+               FROM pg_trigger WHERE tgrelid = 'public.legacy_outbox'::regclass AND NOT tgisinternal))",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("read the table's shape")
+}
+
+async fn count(db: &TestDb, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.to_owned()))
+        .fetch_one(&db.pool)
+        .await
+        .expect("count")
+}
+
+#[tokio::test]
+async fn a_classic_outbox_table_is_adopted_and_served() {
+    let legacy_outbox = classic_outbox().await;
+    let app = TestApp::spawn_on(Arc::clone(&legacy_outbox.db), legacy)
+        .await
+        .expect("the server adopts the classic table");
+
+    let batch = app
+        .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
+        .await;
+    let expected_ids: Vec<String> = legacy_outbox
+        .pending
+        .iter()
+        .map(|(id, _)| id.to_string())
+        .collect();
+    let expected_aggregates: Vec<String> = legacy_outbox
+        .pending
+        .iter()
+        .map(|(_, agg)| agg.to_string())
+        .collect();
+    assert_eq!(
+        ids(&batch),
+        expected_ids,
+        "unpublished rows, in insertion order"
+    );
+    let aggregates: Vec<String> = batch
+        .messages
+        .iter()
+        .map(|m| m.aggregate_id.clone())
+        .collect();
+    assert_eq!(
+        aggregates, expected_aggregates,
+        "uuid aggregate ids come as text"
+    );
+    assert!(
+        batch
+            .messages
+            .iter()
+            .all(|m| m.attempt == 1 && m.event_type == "order.created")
+    );
+    assert!(batch.messages.iter().all(|m| m.headers.is_empty()));
+
+    assert_eq!(
+        app.ack_in("legacy", &batch.lease_id, &ids(&batch)).await,
+        [OK; 3]
+    );
+    assert!(
+        app.claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
+            .await
+            .messages
+            .is_empty(),
+        "rows the old relay published are never handed out"
+    );
+    for id in &legacy_outbox.published {
+        let row = app
+            .row_in("public.legacy_outbox", &id.to_string())
+            .await
+            .expect("kept");
+        assert_eq!(row.attempts, 0, "published row {id} was never claimed");
+        assert!(row.lease_id.is_none());
+    }
+
+    // The application keeps inserting the classic columns only; the trigger the
+    // adoption added wakes a waiting claim.
+    let mut client = app.client.clone();
+    let waiter = tokio::spawn(async move {
+        let req = crate::support::claim_request("legacy", "w", 10, secs(30), secs(10));
+        client.claim_batch(req).await.map(|r| r.into_inner())
+    });
+    let (new_id, new_aggregate) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO public.legacy_outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, 'order.paid', '{}')",
+    )
+    .bind(new_id)
+    .bind(new_aggregate)
+    .execute(app.pool())
+    .await
+    .expect("classic insert");
+    let batch = within(secs(12), "the waiting legacy claim", waiter)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert_eq!(ids(&batch), [new_id.to_string()]);
+    assert_eq!(batch.messages[0].aggregate_id, new_aggregate.to_string());
+
+    let indexes = count(
+        &app.db,
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'legacy_outbox'",
+    )
+    .await;
+    assert_eq!(indexes, 5, "the primary key and the four outboxd indexes");
+}
+
+#[tokio::test]
+async fn a_second_server_adopts_the_same_table_idempotently() {
+    let legacy_outbox = classic_outbox().await;
+    let db = Arc::clone(&legacy_outbox.db);
+    let first = TestApp::spawn_on(Arc::clone(&db), legacy)
+        .await
+        .expect("the first server adopts");
+    let adopted = shape(&db).await;
+    let second = TestApp::spawn_on(Arc::clone(&db), legacy)
+        .await
+        .expect("a second server on the same table starts");
+    assert_eq!(
+        shape(&db).await,
+        adopted,
+        "no duplicate columns, indexes or triggers"
+    );
+    let verify_only = TestApp::spawn_on(Arc::clone(&db), |args| {
+        legacy(args);
+        args.flag("--no-migrate");
+    })
+    .await
+    .expect("--no-migrate accepts an adopted table");
+    assert_eq!(shape(&db).await, adopted);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
+        )
+        .await,
+        5
+    );
+
+    // Replicas share only the database: claim on one, settle on another.
+    let batch = second
+        .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
+        .await;
+    assert_eq!(batch.messages.len(), 3);
+    assert_eq!(
+        verify_only
+            .ack_in("legacy", &batch.lease_id, &ids(&batch))
+            .await,
+        [OK; 3]
+    );
+    assert_eq!(first.stats_of("legacy").await.published_retained, 5);
+}
+
+#[tokio::test]
+async fn no_migrate_refuses_an_unadopted_table_with_a_clear_error() {
+    let legacy_outbox = classic_outbox().await;
+    let db = &legacy_outbox.db;
+    let before = shape(db).await;
+    let config = config_for(db, db.upstream(), |args| {
+        legacy(args);
+        args.flag("--no-migrate");
+    });
+    let built = within(
+        secs(30),
+        "Server::build",
+        Server::build(config, &CancellationToken::new()),
+    )
+    .await;
+    let err = match built {
+        Ok(_) => panic!("--no-migrate served a table outboxd has not adopted"),
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(
+        err.contains("public.legacy_outbox"),
+        "the error names the table: {err}"
+    );
+    assert!(
+        err.contains("lacks columns"),
+        "the error says what is missing: {err}"
+    );
+    assert!(
+        err.contains("outboxd migrate"),
+        "the error says how to fix it: {err}"
+    );
+    assert_eq!(shape(db).await, before, "verification changed nothing");
+}
+
+#[tokio::test]
+async fn replicas_starting_together_adopt_the_table_once() {
+    let legacy_outbox = classic_outbox().await;
+    let db = &legacy_outbox.db;
+    let (a, b, c) = tokio::join!(
+        TestApp::spawn_on(Arc::clone(db), legacy),
+        TestApp::spawn_on(Arc::clone(db), legacy),
+        TestApp::spawn_on(Arc::clone(db), legacy),
+    );
+    let replicas =
+        [a, b, c].map(|r| r.unwrap_or_else(|e| panic!("a replica did not start: {e:#}")));
+    assert_eq!(
+        count(
+            db,
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
+        )
+        .await,
+        5
+    );
+    let batch = replicas[0]
+        .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
+        .await;
+    assert_eq!(batch.messages.len(), 3);
+    assert_eq!(
+        replicas[2]
+            .ack_in("legacy", &batch.lease_id, &ids(&batch))
+            .await,
+        [OK; 3]
+    );
+}

@@ -1,0 +1,172 @@
+//! ClaimBatch with `wait`: woken by a committed insert (NOTIFY), not by the poll
+//! interval; empty at the deadline; and no stampede of waiters.
+
+use std::time::Instant;
+
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{
+    TestApp, claim_request, ids, insert_row, millis, secs, strings, wait_until, within,
+};
+
+/// A poll interval long enough that any prompt answer must come from a notification.
+fn slow_polling(args: &mut crate::support::ServerArgs) {
+    args.set("--poll-interval", "5s")
+        .set("--health-interval", "1m");
+}
+
+#[tokio::test]
+async fn a_waiting_claim_wakes_on_commit_well_before_the_poll_interval() {
+    let app = TestApp::spawn_with(slow_polling).await;
+    let claims = app.count_updates("public.outbox").await;
+    let mut client = app.client.clone();
+    let waiter = tokio::spawn(async move {
+        let req = claim_request("", "w", 10, secs(30), secs(10));
+        let resp = client.claim_batch(req).await;
+        (resp, Instant::now())
+    });
+    wait_until(
+        secs(5),
+        "the claim has looked once and is waiting",
+        async || claims.get().await >= 1,
+    )
+    .await;
+    tokio::time::sleep(millis(300)).await;
+
+    let inserted = app.insert(1).await;
+    let committed = Instant::now();
+    let (resp, answered) = within(secs(12), "the waiting claim", waiter)
+        .await
+        .expect("the waiter task panicked");
+    let batch = resp.expect("ClaimBatch").into_inner();
+    assert_eq!(ids(&batch), strings(&inserted));
+    let latency = answered.saturating_duration_since(committed);
+    assert!(
+        latency < secs(2),
+        "woken {latency:?} after the commit; the poll interval is 5 s"
+    );
+    assert_eq!(
+        claims.get().await,
+        2,
+        "one empty claim, then one claim on the notification"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_claim_returns_an_empty_batch_at_its_deadline() {
+    let app = TestApp::spawn().await;
+    let started = Instant::now();
+    let batch = app.claim("w", 10, secs(30), secs(1)).await;
+    let waited = started.elapsed();
+    assert!(batch.messages.is_empty());
+    assert_eq!(batch.lease_id, "");
+    assert!(waited >= millis(900), "waited the full second, {waited:?}");
+    assert!(waited < secs(4), "returned at the deadline, {waited:?}");
+}
+
+#[tokio::test]
+async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
+    let app = TestApp::spawn_with(slow_polling).await;
+    let claims = app.count_updates("public.outbox").await;
+    let mut waiters = Vec::new();
+    for w in 0..5 {
+        let mut client = app.client.clone();
+        waiters.push(tokio::spawn(async move {
+            let req = claim_request("", &format!("waiter-{w}"), 10, secs(30), secs(10));
+            client.claim_batch(req).await.map(|r| r.into_inner())
+        }));
+    }
+    wait_until(secs(5), "all five claims are waiting", async || {
+        claims.get().await >= 5
+    })
+    .await;
+    assert_eq!(claims.get().await, 5);
+
+    let inserted = app.insert(1).await;
+    // Exactly one waiter gets the row, promptly.
+    let winner = within(secs(2), "one waiter answering", async {
+        loop {
+            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
+                return i;
+            }
+            tokio::time::sleep(millis(10)).await;
+        }
+    })
+    .await;
+    let batch = waiters
+        .remove(winner)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert_eq!(ids(&batch), strings(&inserted));
+
+    // A second later the others are still waiting, and none of them was woken
+    // for nothing: the only claim since is the winner's.
+    tokio::time::sleep(secs(1)).await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "the other waiters still wait"
+    );
+    assert_eq!(claims.get().await, 6, "one notification woke one waiter");
+
+    // Five rows in one commit: with capacity 10 each, one waiter covers them.
+    let more = app.insert(5).await;
+    let second = within(secs(2), "a waiter answering", async {
+        loop {
+            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
+                return i;
+            }
+            tokio::time::sleep(millis(10)).await;
+        }
+    })
+    .await;
+    let batch = waiters
+        .remove(second)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert_eq!(ids(&batch), strings(&more));
+    tokio::time::sleep(millis(500)).await;
+    assert_eq!(claims.get().await, 7);
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_rolled_back_insert_wakes_no_waiting_claim() {
+    let app = TestApp::spawn_with(slow_polling).await;
+    let claims = app.count_updates("public.outbox").await;
+    let mut client = app.client.clone();
+    let waiter = tokio::spawn(async move {
+        let req = claim_request("", "w", 10, secs(30), secs(2));
+        client.claim_batch(req).await.map(|r| r.into_inner())
+    });
+    wait_until(secs(5), "the claim is waiting", async || {
+        claims.get().await >= 1
+    })
+    .await;
+
+    let mut tx = app.pool().begin().await.expect("begin");
+    insert_row(
+        &mut tx,
+        "outbox",
+        Uuid::new_v4(),
+        "agg",
+        "test.event",
+        &json!({}),
+        &json!({}),
+    )
+    .await;
+    tx.rollback().await.expect("rollback");
+
+    let batch = within(secs(5), "the waiting claim", waiter)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert!(batch.messages.is_empty());
+    // The first claim, and the last look at the deadline: nothing in between.
+    assert_eq!(claims.get().await, 2, "the rollback sent no notification");
+}

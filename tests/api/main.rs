@@ -1,0 +1,18 @@
+//! Integration tests: outboxd over gRPC on port 0, against real PostgreSQL, each
+//! test on a database of its own (see `support`).
+
+mod support;
+
+mod ack;
+mod adoption;
+mod availability;
+mod claim;
+mod extend;
+mod long_poll;
+mod nack;
+mod outboxes;
+mod relay;
+mod retention;
+mod shutdown;
+mod stats;
+mod validation;
