@@ -4,7 +4,11 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use sqlx::{PgPool, migrate::Migrator, postgres::PgPoolOptions};
+use sqlx::{
+    PgPool,
+    migrate::Migrator,
+    postgres::{PgListener, PgPoolOptions},
+};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -77,6 +81,7 @@ pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> anyhow:
 pub struct Server {
     config: Config,
     store: PgStore,
+    notifications: PgListener,
     listener: TcpListener,
     metrics_listener: TcpListener,
 }
@@ -93,6 +98,9 @@ impl Server {
         let store = PgStore::open(pool, &config.database.outboxes, mode)
             .await
             .context("preparing outbox tables")?;
+        let notifications = wakeup::connect(&store)
+            .await
+            .context("listening for outbox notifications")?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -100,6 +108,7 @@ impl Server {
         Ok(Self {
             config,
             store,
+            notifications,
             listener,
             metrics_listener,
         })
@@ -120,6 +129,7 @@ impl Server {
         let Self {
             config,
             store,
+            notifications,
             listener,
             metrics_listener,
         } = self;
@@ -149,6 +159,7 @@ impl Server {
         tasks.spawn(wakeup::listen(
             store.clone(),
             Arc::clone(&wakeup),
+            notifications,
             background.clone(),
         ));
         tasks.spawn(check_health(

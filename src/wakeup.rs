@@ -148,6 +148,13 @@ impl Drop for Registration {
     }
 }
 
+/// A connection that LISTENs on the outbox channel.
+pub async fn connect(store: &PgStore) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(store.pool()).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
 /// Parses a trigger payload: `schema.table rows`.
 fn parse_payload(payload: &str) -> Option<(TableRef, u64)> {
     let (table, rows) = payload.rsplit_once(' ')?;
@@ -157,16 +164,24 @@ fn parse_payload(payload: &str) -> Option<(TableRef, u64)> {
 
 /// Runs the LISTEN connection until `cancel`, routing notifications to waiters.
 /// While it is down, claims still work: waiters fall back to polling.
-pub async fn listen(store: PgStore, wakeup: Arc<Wakeup>, cancel: CancellationToken) {
+/// `first` is the connection made before the server started serving, so no
+/// claim can have waited before LISTEN was in place.
+pub async fn listen(
+    store: PgStore,
+    wakeup: Arc<Wakeup>,
+    first: PgListener,
+    cancel: CancellationToken,
+) {
     let mut down = false;
     let mut backoff = Duration::from_millis(100);
+    let mut first = Some(first);
     while !cancel.is_cancelled() {
-        let connected = async {
-            let mut listener = PgListener::connect_with(store.pool()).await?;
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
+        let reconnect = first.is_none();
+        let connected = match first.take() {
+            Some(listener) => Ok(listener),
+            None => connect(&store).await,
         };
-        let mut listener = match connected.await {
+        let mut listener = match connected {
             Ok(listener) => listener,
             Err(err) => {
                 if !down {
@@ -183,9 +198,11 @@ pub async fn listen(store: PgStore, wakeup: Arc<Wakeup>, cancel: CancellationTok
         };
         tracing::info!(channel = CHANNEL, "listening for outbox notifications");
         backoff = Duration::from_millis(100);
-        // Notifications sent while no connection listened are gone: wake every
-        // waiter once rather than leave them to the poll interval.
-        wakeup.notify_all();
+        if reconnect {
+            // Notifications sent while no connection listened are gone: wake
+            // every waiter once rather than leave them to the poll interval.
+            wakeup.notify_all();
+        }
         loop {
             let next = tokio::select! {
                 () = cancel.cancelled() => return,

@@ -100,7 +100,7 @@ impl Broker {
     }
 
     /// A producer span per message, in the producer's trace (its stored
-    /// `traceparent`), and the headers to publish with this span's context.
+    /// `traceparent`), and the headers to publish.
     fn publish_span(
         &self,
         m: &OutboxMessage,
@@ -123,9 +123,14 @@ impl Broker {
                 KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
             ])
             .start_with_context(&tracer, &parent);
-        let context = parent.with_remote_span_context(span.span_context().clone());
         let mut headers = m.headers.clone();
-        global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
+        // Stored headers travel unchanged (the contract), so a producer's
+        // traceparent reaches consumers as written and they join its trace. An
+        // event stored without one gets this span's, so it can still be followed.
+        if !headers.contains_key("traceparent") {
+            let context = parent.with_remote_span_context(span.span_context().clone());
+            global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
+        }
         (span, headers)
     }
 
@@ -140,8 +145,8 @@ impl Broker {
         }
     }
 
-    /// AMQP properties; `trace_headers` are the producer's headers with the
-    /// publish span's `traceparent`, so consumers continue the same trace.
+    /// AMQP properties; `trace_headers` are the producer's headers, with a
+    /// `traceparent` added when the event had none.
     fn properties(
         &self,
         m: &OutboxMessage,

@@ -114,35 +114,14 @@ async fn a_server_started_before_its_database_waits_for_it() {
     assert_eq!(ids(&batch), strings(&inserted));
 }
 
-/// The backend pid of the server's LISTEN connection, if it has one.
-async fn listener_pid(app: &TestApp) -> Option<i32> {
-    sqlx::query_scalar::<_, i32>(
-        "SELECT pid FROM pg_stat_activity
-         WHERE datname = current_database() AND application_name = 'outboxd'
-           AND query ILIKE 'LISTEN%'
-         ORDER BY backend_start DESC LIMIT 1",
-    )
-    .fetch_optional(app.pool())
-    .await
-    .expect("read pg_stat_activity")
-}
-
 #[tokio::test]
 async fn notifications_wake_claims_again_after_the_database_returns() {
     let app = TestApp::spawn_with(|args| {
         args.set("--poll-interval", "5s");
     })
     .await;
-    let mut before = None;
-    wait_until(
-        secs(5),
-        "the server listens for notifications",
-        async || {
-            before = listener_pid(&app).await;
-            before.is_some()
-        },
-    )
-    .await;
+    app.listening().await;
+    let before = app.listener_pid().await;
 
     app.proxy.cut();
     wait_until(secs(5), "health reports NOT_SERVING", async || {
@@ -154,7 +133,7 @@ async fn notifications_wake_claims_again_after_the_database_returns() {
         secs(15),
         "the server listens again on a new connection",
         async || {
-            listener_pid(&app)
+            app.listener_pid()
                 .await
                 .is_some_and(|pid| Some(pid) != before)
         },

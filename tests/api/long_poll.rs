@@ -19,6 +19,7 @@ fn slow_polling(args: &mut crate::support::ServerArgs) {
 #[tokio::test]
 async fn a_waiting_claim_wakes_on_commit_well_before_the_poll_interval() {
     let app = TestApp::spawn_with(slow_polling).await;
+    app.listening().await;
     let claims = app.count_updates("public.outbox").await;
     let mut client = app.client.clone();
     let waiter = tokio::spawn(async move {
@@ -68,6 +69,7 @@ async fn a_waiting_claim_returns_an_empty_batch_at_its_deadline() {
 #[tokio::test]
 async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
     let app = TestApp::spawn_with(slow_polling).await;
+    app.listening().await;
     let claims = app.count_updates("public.outbox").await;
     let mut waiters = Vec::new();
     for w in 0..5 {
@@ -138,6 +140,7 @@ async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
 #[tokio::test]
 async fn a_rolled_back_insert_wakes_no_waiting_claim() {
     let app = TestApp::spawn_with(slow_polling).await;
+    app.listening().await;
     let claims = app.count_updates("public.outbox").await;
     let mut client = app.client.clone();
     let waiter = tokio::spawn(async move {

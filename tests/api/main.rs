@@ -10,6 +10,7 @@ mod claim;
 mod extend;
 mod long_poll;
 mod nack;
+mod observability;
 mod outboxes;
 mod relay;
 mod retention;

@@ -160,6 +160,7 @@ async fn two_outboxes_are_isolated() {
     assert_eq!(app.stats_of("default").await.in_flight, 2);
 
     // A commit to one outbox does not wake a claim waiting on the other.
+    app.listening().await;
     let order_claims = app.count_updates("public.orders_outbox").await;
     let mut client = app.client.clone();
     let waiter = tokio::spawn(async move {

@@ -15,6 +15,7 @@ async fn shutdown_ends_long_polls_and_stops_within_the_drain_timeout() {
             .set("--drain-timeout", "5s");
     })
     .await;
+    app.listening().await;
     let claims = app.count_updates("public.outbox").await;
     let mut client = app.client.clone();
     let waiter = tokio::spawn(async move {

@@ -2,6 +2,7 @@
 //! reaches PostgreSQL through a cuttable proxy, gRPC clients, and helpers that
 //! play producer (SQL inserts) and relay worker (RPCs).
 
+pub mod otlp;
 mod proxy;
 
 use std::{
@@ -67,18 +68,25 @@ fn admin_url() -> Url {
 }
 
 fn init_tracing() {
+    use tracing_subscriber::{Layer, layer::SubscriberExt, util::SubscriberInitExt};
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         // The test writer: logs show with a failing test's output, not on every run.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
+        let lines = tracing_subscriber::fmt::layer()
             .with_test_writer()
+            .with_filter(filter);
+        // Spans go to the in-process collector, whatever the log level.
+        let spans = tracing_opentelemetry::layer()
+            .with_tracer(otlp::collector().tracer.clone())
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
+        let _ = tracing_subscriber::registry()
+            .with(lines)
+            .with(spans)
             .try_init();
     });
 }
-
 /// Awaits `fut`, failing the test if it takes longer than `limit`.
 pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(limit, fut).await {
@@ -228,6 +236,7 @@ impl ServerArgs {
         let mut args = Self { args: Vec::new() };
         args.set("--database-url", database_url)
             .set("--listen", "127.0.0.1:0")
+            .set("--metrics-listen", "127.0.0.1:0")
             .set("--poll-interval", "500ms")
             .set("--health-interval", "200ms")
             .set("--db-acquire-timeout", "1s")
@@ -283,6 +292,8 @@ pub fn config_for(
 #[derive(Debug)]
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// Where `GET /metrics` answers.
+    pub metrics_addr: SocketAddr,
     pub client: Client,
     pub health: HealthClient<Channel>,
     /// Between this server and PostgreSQL: `cut()` is "database down".
@@ -332,6 +343,7 @@ impl TestApp {
         )
         .await?;
         let addr = server.local_addr()?;
+        let metrics_addr = server.metrics_addr()?;
         let shutdown = CancellationToken::new();
         let serve = tokio::spawn(server.serve(shutdown.clone()));
         let channel = Channel::from_shared(format!("http://{addr}"))?
@@ -339,6 +351,7 @@ impl TestApp {
             .await?;
         Ok(Self {
             addr,
+            metrics_addr,
             client: OutboxServiceClient::new(channel.clone()),
             health: HealthClient::new(channel),
             proxy,
@@ -605,6 +618,30 @@ impl TestApp {
         self.db
             .scalar_i64(&format!("SELECT count(*) FROM {table} WHERE {filter}"))
             .await
+    }
+
+    /// The backend pid of the server's LISTEN connection, if it has one.
+    pub async fn listener_pid(&self) -> Option<i32> {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%'
+             ORDER BY backend_start DESC LIMIT 1",
+        )
+        .fetch_optional(self.pool())
+        .await
+        .expect("read pg_stat_activity")
+    }
+
+    /// Waits until the server listens for notifications. Tests that count
+    /// wake-ups wait for this first: when the listener (re)connects it wakes
+    /// every waiting claim once, since notifications may have been missed.
+    pub async fn listening(&self) {
+        wait_until(
+            secs(10),
+            "the server listens for notifications",
+            async || self.listener_pid().await.is_some(),
+        )
+        .await;
     }
 
     /// Counts UPDATE statements on `table` from now on (a statement-level trigger
