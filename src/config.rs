@@ -14,6 +14,32 @@ use crate::{
 /// Exit code for a configuration error (EX_USAGE from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
 
+/// Parses the command line the way both binaries do: `--help` and `--version`
+/// print and exit 0; anything invalid prints one line and exits 64, before
+/// anything is bound or connected.
+pub fn parse_args<T: Parser>(binary: &str) -> Result<T, std::process::ExitCode> {
+    T::try_parse().map_err(|err| {
+        if !err.use_stderr() {
+            let _ = err.print();
+            return std::process::ExitCode::SUCCESS;
+        }
+        let rendered = err.to_string();
+        let line = rendered.lines().next().unwrap_or("invalid arguments");
+        eprintln!("{binary}: {}", line.trim_start_matches("error: "));
+        config_exit()
+    })
+}
+
+/// Reports an invalid configuration and gives the exit code for it.
+pub fn invalid_config(binary: &str, reason: &str) -> std::process::ExitCode {
+    eprintln!("{binary}: invalid configuration: {reason}");
+    config_exit()
+}
+
+fn config_exit() -> std::process::ExitCode {
+    std::process::ExitCode::from(EXIT_CONFIG as u8)
+}
+
 /// outboxd: fenced leases on PostgreSQL outbox rows, for relay workers in any language.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about, long_about = None)]

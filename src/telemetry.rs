@@ -133,6 +133,52 @@ pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::T
         .try_init();
 }
 
+/// A gRPC span of `outbox.v1.OutboxService/<method>`, per the semantic
+/// conventions; `kind` is `server` or `client`. The handler records `outbox`,
+/// `worker_id`, `lease_id` and `batch_size`, and the status when it is known.
+pub fn rpc_span(kind: &'static str, method: &str) -> tracing::Span {
+    use tracing::field::Empty;
+    let full = format!("outbox.v1.OutboxService/{method}");
+    tracing::info_span!(
+        "rpc",
+        otel.name = %full,
+        otel.kind = kind,
+        otel.status_code = Empty,
+        rpc.system.name = "grpc",
+        rpc.method = %full,
+        rpc.response.status_code = Empty,
+        network.peer.address = Empty,
+        outbox = Empty,
+        worker_id = Empty,
+        lease_id = Empty,
+        batch_size = Empty,
+    )
+}
+
+/// The status-code name `rpc.response.status_code` carries (`INVALID_ARGUMENT`).
+pub fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// How a lease ended, as the `outbox.lease.outcome` attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseOutcome {

@@ -2,30 +2,17 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use clap::Parser;
-use outboxd::{config::EXIT_CONFIG, relay, shutdown, telemetry};
+use outboxd::{config, relay, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match relay::RelayArgs::try_parse() {
+    let args: relay::RelayArgs = match config::parse_args("outbox-relay") {
         Ok(args) => args,
-        Err(err) if !err.use_stderr() => {
-            let _ = err.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(err) => {
-            let rendered = err.to_string();
-            let line = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("outbox-relay: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
+        Err(code) => return code,
     };
     let config = match args.validate() {
         Ok(config) => config,
-        Err(reason) => {
-            eprintln!("outbox-relay: invalid configuration: {reason}");
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
+        Err(reason) => return config::invalid_config("outbox-relay", &reason),
     };
     let telemetry = match telemetry::init("outbox-relay", args.log.log_format) {
         Ok(telemetry) => telemetry,

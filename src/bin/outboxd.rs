@@ -2,28 +2,17 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use clap::Parser;
 use outboxd::{
-    config::{Cli, Command, EXIT_CONFIG, LogFormat},
+    config::{self, Cli, Command, LogFormat},
     server, shutdown,
     telemetry::{self, Telemetry},
 };
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match config::parse_args("outboxd") {
         Ok(cli) => cli,
-        Err(err) if !err.use_stderr() => {
-            // --help and --version.
-            let _ = err.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(err) => {
-            let rendered = err.to_string();
-            let line = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("outboxd: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
+        Err(code) => return code,
     };
     match cli.command {
         Some(Command::Migrate { database, log }) => {
@@ -78,8 +67,7 @@ fn start_telemetry(format: LogFormat) -> Option<Telemetry> {
 }
 
 fn config_error(reason: &str) -> ExitCode {
-    eprintln!("outboxd: invalid configuration: {reason}");
-    ExitCode::from(EXIT_CONFIG as u8)
+    config::invalid_config("outboxd", reason)
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

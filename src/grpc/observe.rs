@@ -10,10 +10,10 @@ use tonic::{
     Code, Request, Status,
     metadata::{KeyRef, MetadataMap},
 };
-use tracing::{Span, field::Empty};
+use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::metrics::ServerMetrics;
+use crate::{metrics::ServerMetrics, telemetry};
 
 /// Reads W3C trace context out of gRPC request metadata.
 struct MetadataExtractor<'a>(&'a MetadataMap);
@@ -37,21 +37,7 @@ impl Extractor for MetadataExtractor<'_> {
 /// The server span of one RPC, child of the caller's trace when it sent one.
 /// `outbox`, `worker_id`, `lease_id` and `batch_size` are recorded by the handler.
 pub fn server_span<T>(method: &'static str, request: &Request<T>) -> Span {
-    let full = format!("outbox.v1.OutboxService/{method}");
-    let span = tracing::info_span!(
-        "rpc",
-        otel.name = %full,
-        otel.kind = "server",
-        otel.status_code = Empty,
-        rpc.system.name = "grpc",
-        rpc.method = %full,
-        rpc.response.status_code = Empty,
-        network.peer.address = Empty,
-        outbox = Empty,
-        worker_id = Empty,
-        lease_id = Empty,
-        batch_size = Empty,
-    );
+    let span = telemetry::rpc_span("server", method);
     let parent =
         global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(request.metadata())));
     let _ = span.set_parent(parent);
@@ -73,7 +59,7 @@ pub fn finish<R>(
         Ok(_) => Code::Ok,
         Err(status) => status.code(),
     };
-    span.record("rpc.response.status_code", code_name(code));
+    span.record("rpc.response.status_code", telemetry::grpc_code_name(code));
     // Server-side errors per the conventions; a client's mistake is not one.
     if matches!(
         code,
@@ -87,26 +73,4 @@ pub fn finish<R>(
         span.record("otel.status_code", "ERROR");
     }
     metrics.rpc(method, code, started.elapsed().as_secs_f64());
-}
-
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
 }

@@ -9,10 +9,13 @@ use tonic::{
     metadata::{MetadataKey, MetadataMap, MetadataValue},
     transport::Channel,
 };
-use tracing::{Instrument, field::Empty};
+use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
+use crate::{
+    grpc::pb::{self, outbox_service_client::OutboxServiceClient},
+    telemetry,
+};
 
 pub trait Leases: Clone + Send + Sync + 'static {
     fn claim(
@@ -70,16 +73,7 @@ impl GrpcLeases {
         F: FnOnce(OutboxServiceClient<Channel>, Request<T>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
-        let full = format!("outbox.v1.OutboxService/{method}");
-        let span = tracing::info_span!(
-            "rpc",
-            otel.name = %full,
-            otel.kind = "client",
-            otel.status_code = Empty,
-            rpc.system.name = "grpc",
-            rpc.method = %full,
-            rpc.response.status_code = Empty,
-        );
+        let span = telemetry::rpc_span("client", method);
         let mut request = Request::new(message);
         request.set_timeout(self.call_timeout + extra);
         let context = span.context();
@@ -93,7 +87,10 @@ impl GrpcLeases {
             Ok(_) => span.record("rpc.response.status_code", "OK"),
             Err(status) => {
                 span.record("otel.status_code", "ERROR");
-                span.record("rpc.response.status_code", format!("{:?}", status.code()))
+                span.record(
+                    "rpc.response.status_code",
+                    telemetry::grpc_code_name(status.code()),
+                )
             }
         };
         result.map(tonic::Response::into_inner)
