@@ -12,7 +12,7 @@ use crate::support::{
 
 /// A poll interval long enough that any prompt answer must come from a notification.
 fn slow_polling(args: &mut crate::support::ServerArgs) {
-    args.set("--poll-interval", "5s")
+    args.set("--poll-interval", "10s")
         .set("--health-interval", "1m");
 }
 
@@ -45,7 +45,7 @@ async fn a_waiting_claim_wakes_on_commit_well_before_the_poll_interval() {
     let latency = answered.saturating_duration_since(committed);
     assert!(
         latency < secs(2),
-        "woken {latency:?} after the commit; the poll interval is 5 s"
+        "woken {latency:?} after the commit; the poll interval is 10 s"
     );
     assert_eq!(
         claims.get().await,
@@ -75,7 +75,7 @@ async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
     for w in 0..5 {
         let mut client = app.client.clone();
         waiters.push(tokio::spawn(async move {
-            let req = claim_request("", &format!("waiter-{w}"), 10, secs(30), secs(10));
+            let req = claim_request("", &format!("waiter-{w}"), 10, secs(30), secs(20));
             client.claim_batch(req).await.map(|r| r.into_inner())
         }));
     }

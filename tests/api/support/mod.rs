@@ -591,7 +591,6 @@ impl TestApp {
         let sql = format!(
             "SELECT created_at, attempts, lease_id, claimed_by, claimed_at, published_at, dead_lettered_at, \
                     last_error, available_at, locked_until, \
-                    extract(epoch FROM available_at - now())::float8 AS available_in, \
                     extract(epoch FROM locked_until - now())::float8 AS lease_left \
              FROM {table} WHERE id = $1"
         );
@@ -618,6 +617,14 @@ impl TestApp {
         self.db
             .scalar_i64(&format!("SELECT count(*) FROM {table} WHERE {filter}"))
             .await
+    }
+
+    /// The database clock, the only clock leases and retries are measured by.
+    pub async fn db_now(&self) -> DateTime<Utc> {
+        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()")
+            .fetch_one(self.pool())
+            .await
+            .expect("read the database clock")
     }
 
     /// The backend pid of the server's LISTEN connection, if it has one.
@@ -695,7 +702,7 @@ impl UpdateCounter {
     }
 }
 
-/// The service columns of an outbox row, and two intervals by the database clock.
+/// The service columns of an outbox row, and the lease left by the database clock.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Row {
     pub created_at: DateTime<Utc>,
@@ -708,8 +715,6 @@ pub struct Row {
     pub last_error: Option<String>,
     pub available_at: DateTime<Utc>,
     pub locked_until: Option<DateTime<Utc>>,
-    /// Seconds until `available_at` (negative: already available).
-    pub available_in: f64,
     /// Seconds until the lease expires (negative: expired; `None`: no lease).
     pub lease_left: Option<f64>,
 }
