@@ -1,0 +1,102 @@
+//! The classic relay, exactly as the pattern describes it: one transaction
+//! selects unpublished rows `FOR UPDATE SKIP LOCKED`, publishes each with
+//! publisher confirms while holding the locks, marks them published, commits.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use lapin::Connection;
+use sqlx::{Connection as _, PgConnection, Row as _};
+use tokio::time::Instant;
+
+use crate::rabbit::{self, Msg};
+
+const SELECT: &str = "SELECT id, aggregate_id::text AS aggregate_id, event_type, payload::text AS payload, created_at \
+     FROM outbox WHERE published_at IS NULL ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED";
+const MARK: &str = "UPDATE outbox SET published_at = now() WHERE id = ANY($1)";
+
+/// What the workers of one run share.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub stop: AtomicBool,
+    /// Statements sent, BEGIN and COMMIT included.
+    pub statements: AtomicU64,
+    pub batches: AtomicU64,
+    pub published: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub batch: u32,
+    /// Sleep when a batch comes back short (the relay has caught up).
+    pub poll: Duration,
+    pub exchange: String,
+    /// Hard stop, whatever happens.
+    pub deadline: Instant,
+}
+
+/// One worker: its own database connection and its own confirm channel on the
+/// shared AMQP connection (as outbox-relay's slots).
+pub async fn worker(
+    mut db: PgConnection,
+    amqp: Arc<Connection>,
+    s: Settings,
+    shared: Arc<Shared>,
+) -> anyhow::Result<()> {
+    let ch = rabbit::confirm_channel(&amqp).await?;
+    let limit = i64::from(s.batch);
+    for _ in 0..100_000_000u64 {
+        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
+            break;
+        }
+        let mut tx = db.begin().await.context("BEGIN")?;
+        let rows = sqlx::query(SELECT)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .context("classic SELECT ... FOR UPDATE SKIP LOCKED")?;
+        let mut batch = Vec::with_capacity(rows.len());
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: uuid::Uuid = row.try_get("id")?;
+            let created: chrono::DateTime<chrono::Utc> = row.try_get("created_at")?;
+            let payload: String = row.try_get("payload")?;
+            batch.push(Msg {
+                id: id.to_string(),
+                aggregate_id: row.try_get("aggregate_id")?,
+                event_type: row.try_get("event_type")?,
+                payload: payload.into_bytes(),
+                created_secs: u64::try_from(created.timestamp()).unwrap_or(0),
+                sequence: 0,
+            });
+            ids.push(id);
+        }
+        if !batch.is_empty() {
+            rabbit::publish_confirmed(&ch, &s.exchange, &batch, Duration::from_secs(15)).await?;
+            sqlx::query(MARK)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .context("classic UPDATE published_at")?;
+        }
+        tx.commit().await.context("COMMIT")?;
+        let statements = if batch.is_empty() { 3 } else { 4 };
+        shared.statements.fetch_add(statements, Ordering::Relaxed);
+        shared.batches.fetch_add(1, Ordering::Relaxed);
+        shared
+            .published
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if batch.len() < s.batch as usize {
+            tokio::time::sleep(s.poll).await;
+        }
+    }
+    let _ = db.close().await;
+    let _ = ch.close(200, "bye".into()).await;
+    Ok(())
+}

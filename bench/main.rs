@@ -1,0 +1,296 @@
+//! outbox-bench: outboxd + outbox-relay against the classic relay and the
+//! RabbitMQ confirm ceiling, measured the same way in one run, designs
+//! alternating across repetitions. Writes `bench/results/REPORT.md` and PNG charts.
+//!
+//! Run from the package root after `cargo build --release --bins`:
+//!
+//! ```sh
+//! cargo run --release --bin outbox-bench            # full run (~45 min on 2 cores)
+//! cargo run --release --bin outbox-bench -- --quick # harness check (< 2 min)
+//! ```
+#![allow(clippy::print_stdout)]
+
+mod charts;
+mod classic;
+mod db;
+mod machine;
+mod procs;
+mod progress;
+mod rabbit;
+mod report;
+mod scenarios;
+mod stats;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::Parser;
+
+/// Benchmark outboxd + outbox-relay against the classic relay and the RabbitMQ
+/// confirm ceiling. Uses the local PostgreSQL and RabbitMQ; creates and drops its
+/// own databases, exchange and queue.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "outbox-bench", version, about, long_about = None)]
+pub struct Args {
+    /// Small sizes, one repetition, no speed targets checked: a harness check for CI (< 2 min).
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Scenarios to run (comma-separated): drain, latency, scale.
+    #[arg(long, value_delimiter = ',', default_value = "drain,latency,scale")]
+    pub scenarios: Vec<String>,
+
+    /// Repetitions of each measured case; designs alternate across them.
+    #[arg(long)]
+    pub reps: Option<usize>,
+
+    /// Drain: pre-filled backlog size.
+    #[arg(long)]
+    pub events: Option<u64>,
+
+    /// Drain: batch sizes (comma-separated), used by both designs.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub batch_sizes: Vec<u32>,
+
+    /// Drain: worker counts (classic workers = relay --concurrency slots).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub workers: Vec<u32>,
+
+    /// Latency: producer rate, events per second, one event per transaction.
+    #[arg(long, default_value_t = 2000)]
+    pub rate: u32,
+
+    /// Latency: measured seconds of steady load per run.
+    #[arg(long)]
+    pub latency_secs: Option<u64>,
+
+    /// Latency: classic relay poll intervals in milliseconds (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "100,500")]
+    pub poll_ms: Vec<u64>,
+
+    /// Latency: batch size and worker count used by both designs.
+    #[arg(long, default_value_t = 100)]
+    pub latency_batch: u32,
+
+    /// Latency: classic workers = relay --concurrency slots.
+    #[arg(long, default_value_t = 4)]
+    pub latency_workers: u32,
+
+    /// Scale: published history sizes (comma-separated; the first is the baseline, normally 0).
+    #[arg(long, value_delimiter = ',')]
+    pub history: Option<Vec<u64>>,
+
+    /// Scale: pending backlog sizes (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub pending: Option<Vec<u64>>,
+
+    /// Scale: leases in flight ahead of the pending rows.
+    #[arg(long)]
+    pub leases: Option<u64>,
+
+    /// Scale: timed claims of 100 per point.
+    #[arg(long)]
+    pub claims: Option<usize>,
+
+    /// Directory holding the `outboxd` and `outbox-relay` binaries.
+    #[arg(long, default_value = "target/release")]
+    pub bin_dir: PathBuf,
+
+    /// PostgreSQL server (any database; the bench creates its own). Loopback only.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub database_url: String,
+
+    /// RabbitMQ. Loopback only.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+
+    /// Where REPORT.md and the charts go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+
+    /// Where process logs go (kept out of the results).
+    #[arg(long, default_value = "target/bench-logs")]
+    pub log_dir: PathBuf,
+}
+
+/// The sizes actually used, after `--quick` and explicit overrides.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub quick: bool,
+    pub drain: bool,
+    pub latency: bool,
+    pub scale: bool,
+    pub reps: usize,
+    pub events: u64,
+    pub batch_sizes: Vec<u32>,
+    pub workers: Vec<u32>,
+    pub rate: u32,
+    pub latency_secs: u64,
+    pub poll_ms: Vec<u64>,
+    pub latency_batch: u32,
+    pub latency_workers: u32,
+    pub history: Vec<u64>,
+    pub pending: Vec<u64>,
+    pub leases: u64,
+    pub claims: usize,
+}
+
+impl Plan {
+    fn from_args(a: &Args) -> anyhow::Result<Self> {
+        let q = a.quick;
+        let has = |s: &str| a.scenarios.iter().any(|x| x.trim() == s);
+        for s in &a.scenarios {
+            anyhow::ensure!(
+                matches!(s.trim(), "drain" | "latency" | "scale"),
+                "unknown scenario {s:?} (drain, latency, scale)"
+            );
+        }
+        let plan = Self {
+            quick: q,
+            drain: has("drain"),
+            latency: has("latency"),
+            scale: has("scale"),
+            reps: a.reps.unwrap_or(if q { 1 } else { 3 }),
+            events: a.events.unwrap_or(if q { 4_000 } else { 200_000 }),
+            batch_sizes: if q && a.batch_sizes == [100, 1000] {
+                vec![100]
+            } else {
+                a.batch_sizes.clone()
+            },
+            workers: if q && a.workers == [1, 4] {
+                vec![4]
+            } else {
+                a.workers.clone()
+            },
+            rate: if q && a.rate == 2000 { 500 } else { a.rate },
+            latency_secs: a.latency_secs.unwrap_or(if q { 4 } else { 30 }),
+            poll_ms: if q && a.poll_ms == [100, 500] {
+                vec![100]
+            } else {
+                a.poll_ms.clone()
+            },
+            latency_batch: a.latency_batch,
+            latency_workers: a.latency_workers,
+            history: a.history.clone().unwrap_or_else(|| {
+                if q {
+                    vec![0, 20_000]
+                } else {
+                    vec![0, 1_000_000, 5_000_000]
+                }
+            }),
+            pending: a.pending.clone().unwrap_or_else(|| {
+                if q {
+                    vec![1_000]
+                } else {
+                    vec![10_000, 100_000]
+                }
+            }),
+            leases: a.leases.unwrap_or(if q { 1_000 } else { 10_000 }),
+            claims: a.claims.unwrap_or(if q { 5 } else { 30 }),
+        };
+        anyhow::ensure!(plan.reps >= 1 && plan.reps <= 20, "--reps must be 1..=20");
+        anyhow::ensure!(
+            plan.events >= 100 && plan.events <= 10_000_000,
+            "--events must be 100..=10M"
+        );
+        anyhow::ensure!(
+            plan.rate >= 1 && plan.rate <= 50_000,
+            "--rate must be 1..=50000"
+        );
+        anyhow::ensure!(
+            plan.latency_secs >= 1 && plan.latency_secs <= 600,
+            "--latency-secs must be 1..=600"
+        );
+        anyhow::ensure!(
+            !plan.history.is_empty() && !plan.pending.is_empty(),
+            "--history and --pending need a value"
+        );
+        anyhow::ensure!(
+            plan.claims >= 1 && plan.claims <= 1000,
+            "--claims must be 1..=1000"
+        );
+        anyhow::ensure!(
+            plan.batch_sizes
+                .iter()
+                .chain([&plan.latency_batch])
+                .all(|b| (1..=1000).contains(b)),
+            "batch sizes must be 1..=1000 (outboxd's --max-batch)"
+        );
+        anyhow::ensure!(
+            plan.workers
+                .iter()
+                .chain([&plan.latency_workers])
+                .all(|w| (1..=32).contains(w)),
+            "worker counts must be 1..=32"
+        );
+        Ok(plan)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("outbox-bench: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("outbox-bench: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let plan = Plan::from_args(&args)?;
+    db::check_loopback(&args.database_url).context("--database-url")?;
+    db::check_loopback(&args.amqp_url).context("--amqp-url")?;
+    let bins = procs::Binaries::find(&args.bin_dir)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.log_dir)
+        .with_context(|| format!("creating {}", args.log_dir.display()))?;
+
+    let started = std::time::Instant::now();
+    let machine = machine::describe(&args).await;
+    let ctx = scenarios::Ctx::setup(&args, &plan, bins).await?;
+    let result = scenarios::run_all(&ctx, &plan).await;
+    // Clean up whatever happened; report the first error.
+    let cleanup = ctx.cleanup().await;
+    let results = result?;
+    cleanup?;
+
+    let elapsed = started.elapsed();
+    let charts = charts::draw(&args.out, &results, &plan);
+    let charts = match charts {
+        Ok(files) => files,
+        Err(err) => {
+            eprintln!("outbox-bench: charts not drawn: {err:#}");
+            Vec::new()
+        }
+    };
+    let text = report::render(&plan, &machine, &results, &charts, elapsed);
+    let path = args.out.join("REPORT.md");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("{}", report::summary(&plan, &results));
+    println!(
+        "report: {}  ({} s)",
+        path.display(),
+        elapsed.as_secs_f64().round()
+    );
+    if plan.quick {
+        println!("quick mode: harness check only, speed targets not evaluated");
+    }
+    Ok(())
+}
+
+/// Bounded waits share this: poll `every` until `deadline`.
+pub const POLL: Duration = Duration::from_millis(20);

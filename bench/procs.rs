@@ -1,0 +1,259 @@
+//! The real `outboxd` and `outbox-relay` binaries as child processes, with their
+//! CPU time and peak RSS read from /proc.
+
+use std::{
+    fs::File,
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub outboxd: PathBuf,
+    pub relay: PathBuf,
+}
+
+impl Binaries {
+    pub fn find(dir: &Path) -> anyhow::Result<Self> {
+        let outboxd = dir.join("outboxd");
+        let relay = dir.join("outbox-relay");
+        for bin in [&outboxd, &relay] {
+            if !bin.is_file() {
+                bail!(
+                    "{} not found; build it first with `cargo build --release --bins` (or pass --bin-dir)",
+                    bin.display()
+                );
+            }
+        }
+        Ok(Self { outboxd, relay })
+    }
+}
+
+/// A free loopback port (bound, then released for the child to take).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr().context("local address")?.port())
+}
+
+/// CPU seconds (user + system) and peak resident set size.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub cpu_secs: f64,
+    pub peak_rss_mib: f64,
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}
+
+fn usage_of(pid: u32) -> anyhow::Result<Usage> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu_secs = (ticks(11) + ticks(12)) / clock_ticks();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .context("reading /proc/PID/status")?;
+    let hwm_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Ok(Usage {
+        cpu_secs,
+        peak_rss_mib: hwm_kib / 1024.0,
+    })
+}
+
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    pub cmdline: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, bin: &Path, args: &[String], log_dir: &Path) -> anyhow::Result<Self> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone().context("log file handle")?;
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .env("RUST_LOG", "warn");
+        for var in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "DATABASE_URL",
+            "AMQP_URL",
+        ] {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let cmdline = std::iter::once(bin.display().to_string())
+            .chain(args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        Ok(Self {
+            name: name.to_owned(),
+            cmdline,
+            child,
+            log,
+        })
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    }
+
+    /// Fails if the process has already exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait().context("checking a child")? {
+            bail!(
+                "{} exited early ({status}):\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until the process accepts TCP connections on `addr`.
+    pub async fn wait_listening(
+        &mut self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for _ in 0..100_000 {
+            self.check_alive()?;
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "{} not listening on {addr} after {timeout:?}:\n{}",
+            self.name,
+            self.log_tail()
+        )
+    }
+
+    pub fn usage(&self) -> Usage {
+        usage_of(self.child.id()).unwrap_or_default()
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub async fn stop(mut self, grace: Duration) -> anyhow::Result<()> {
+        if self.child.try_wait().context("checking a child")?.is_some() {
+            return Ok(());
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = tokio::time::Instant::now() + grace;
+        for _ in 0..100_000 {
+            if self
+                .child
+                .try_wait()
+                .context("waiting for a child")?
+                .is_some()
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Ok(())
+    }
+}
+
+/// outboxd on fresh loopback ports, ready to serve.
+pub async fn start_outboxd(
+    bins: &Binaries,
+    db_url: &str,
+    log_dir: &Path,
+    tag: &str,
+) -> anyhow::Result<(Proc, SocketAddr)> {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let metrics = format!("127.0.0.1:{}", free_port()?);
+    let args = vec![
+        "--database-url".to_owned(),
+        db_url.to_owned(),
+        "--listen".to_owned(),
+        addr.to_string(),
+        "--metrics-listen".to_owned(),
+        metrics,
+    ];
+    let mut proc = Proc::spawn(&format!("outboxd-{tag}"), &bins.outboxd, &args, log_dir)?;
+    proc.wait_listening(addr, Duration::from_secs(60)).await?;
+    Ok((proc, addr))
+}
+
+pub struct RelayOpts<'a> {
+    pub server: SocketAddr,
+    pub amqp_url: &'a str,
+    pub exchange: &'a str,
+    pub batch: u32,
+    pub concurrency: u32,
+}
+
+pub fn start_relay(
+    bins: &Binaries,
+    o: &RelayOpts<'_>,
+    log_dir: &Path,
+    tag: &str,
+) -> anyhow::Result<Proc> {
+    let args = vec![
+        "--server".to_owned(),
+        format!("http://{}", o.server),
+        "--amqp-url".to_owned(),
+        o.amqp_url.to_owned(),
+        "--exchange".to_owned(),
+        o.exchange.to_owned(),
+        "--no-declare".to_owned(),
+        "--batch-size".to_owned(),
+        o.batch.to_string(),
+        "--concurrency".to_owned(),
+        o.concurrency.to_string(),
+        "--worker-id".to_owned(),
+        "outbox-bench-relay".to_owned(),
+        "--metrics-listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()?),
+    ];
+    Proc::spawn(&format!("relay-{tag}"), &bins.relay, &args, log_dir)
+}

@@ -1,0 +1,471 @@
+//! REPORT.md: conditions, the targets table, every scenario's figures with
+//! medians and spread, the claim plans and the exact commands.
+
+use std::{fmt::Write as _, path::PathBuf, time::Duration};
+
+use crate::{
+    Plan,
+    machine::Machine,
+    scenarios::{DrainCase, DrainRun, Results, ScalePoint},
+    stats::Spread,
+};
+
+/// One line of the targets table.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub target: String,
+    pub measured: String,
+    /// None: not evaluated (quick mode or scenario not run).
+    pub pass: Option<bool>,
+}
+
+fn rates(runs: &[DrainRun]) -> Vec<f64> {
+    runs.iter().map(|r| r.events_per_sec).collect()
+}
+
+/// contender / classic per repetition (they ran back to back in the same repetition).
+fn ratios(case: &DrainCase) -> Vec<f64> {
+    case.outboxd
+        .iter()
+        .zip(&case.classic)
+        .map(|(o, c)| o.events_per_sec / c.events_per_sec)
+        .collect()
+}
+
+fn median_ms(p: &ScalePoint) -> f64 {
+    Spread::of(&p.claim_ms).median
+}
+
+fn case_name(c: &DrainCase) -> String {
+    format!(
+        "batch {}, {} worker{}",
+        c.batch,
+        c.workers,
+        if c.workers == 1 { "" } else { "s" }
+    )
+}
+
+pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
+    let judge = |ok: bool| if plan.quick { None } else { Some(ok) };
+    let mut out = Vec::new();
+    let ceiling = Spread::of(&r.ceiling);
+    for case in &r.drain {
+        let ratio = Spread::of(&ratios(case));
+        out.push(Check {
+            target: format!("drain ≥ 1.2× classic ({})", case_name(case)),
+            measured: format!("{}×", ratio.show(2)),
+            pass: judge(ratio.median >= 1.2),
+        });
+    }
+    for case in &r.drain {
+        let o = Spread::of(&rates(&case.outboxd));
+        let share = if ceiling.median > 0.0 {
+            o.median / ceiling.median
+        } else {
+            0.0
+        };
+        out.push(Check {
+            target: format!("drain ≥ 80 % of confirm ceiling ({})", case_name(case)),
+            measured: format!(
+                "{:.0} % ({:.0} of {:.0} ev/s)",
+                share * 100.0,
+                o.median,
+                ceiling.median
+            ),
+            pass: judge(share >= 0.8),
+        });
+    }
+    if let Some(lp) = r.latency.iter().find(|c| c.poll_ms.is_none()) {
+        let p50 = Spread::of(&lp.runs.iter().map(|x| x.p50_ms).collect::<Vec<_>>());
+        let p99 = Spread::of(&lp.runs.iter().map(|x| x.p99_ms).collect::<Vec<_>>());
+        out.push(Check {
+            target: format!("latency p50 ≤ 5 ms at {} ev/s", plan.rate),
+            measured: format!("{} ms", p50.show(2)),
+            pass: judge(p50.median <= 5.0),
+        });
+        out.push(Check {
+            target: format!("latency p99 ≤ 25 ms at {} ev/s", plan.rate),
+            measured: format!("{} ms", p99.show(2)),
+            pass: judge(p99.median <= 25.0),
+        });
+    }
+    if let (Some(&h0), Some(&hmax)) = (plan.history.first(), plan.history.iter().max()) {
+        for &pending in &plan.pending {
+            let base = r
+                .scale
+                .iter()
+                .find(|p| p.history == h0 && p.pending == pending && p.leases == 0);
+            let big = r
+                .scale
+                .iter()
+                .find(|p| p.history == hmax && p.pending == pending && p.leases == 0);
+            if let (Some(base), Some(big)) = (base, big) {
+                let ratio = median_ms(big) / median_ms(base);
+                out.push(Check {
+                    target: format!("claim with {hmax} history ≤ 1.3× empty ({pending} pending)"),
+                    measured: format!(
+                        "{ratio:.2}× ({:.2} vs {:.2} ms)",
+                        median_ms(big),
+                        median_ms(base)
+                    ),
+                    pass: judge(ratio <= 1.3),
+                });
+            }
+        }
+        let p0 = plan.pending[0];
+        let base = r
+            .scale
+            .iter()
+            .find(|p| p.history == h0 && p.pending == p0 && p.leases == 0);
+        for leased in r.scale.iter().filter(|p| p.leases > 0) {
+            if let Some(base) = base {
+                let ratio = median_ms(leased) / median_ms(base);
+                out.push(Check {
+                    target: format!(
+                        "claim behind {} leases ≤ 2× empty ({} history)",
+                        leased.leases, leased.history
+                    ),
+                    measured: format!(
+                        "{ratio:.2}× ({:.2} vs {:.2} ms)",
+                        median_ms(leased),
+                        median_ms(base)
+                    ),
+                    pass: judge(ratio <= 2.0),
+                });
+            }
+        }
+    }
+    if !r.drain.is_empty() {
+        let worst = r
+            .drain
+            .iter()
+            .flat_map(|c| c.outboxd.iter().map(|x| x.xacts_per_event))
+            .fold(0f64, f64::max);
+        out.push(Check {
+            target: "≤ 1 DB statement per event (outboxd, worst drain run)".into(),
+            measured: format!("{worst:.4} transactions (= statements) per event"),
+            pass: judge(worst <= 1.0),
+        });
+    }
+    out
+}
+
+fn verdict(c: &Check) -> &'static str {
+    match c.pass {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not evaluated",
+    }
+}
+
+/// Short summary for the terminal.
+pub fn summary(plan: &Plan, r: &Results) -> String {
+    let mut s = String::from("target | measured | result\n");
+    for c in checks(plan, r) {
+        let _ = writeln!(
+            s,
+            "{} | {} | {}",
+            c.target,
+            c.measured,
+            verdict(&c).trim_matches('*')
+        );
+    }
+    s
+}
+
+pub fn render(
+    plan: &Plan,
+    m: &Machine,
+    r: &Results,
+    charts: &[PathBuf],
+    elapsed: Duration,
+) -> String {
+    let mut s = String::new();
+    let now = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
+    let _ = writeln!(s, "# outboxd benchmark report\n");
+    let _ = writeln!(
+        s,
+        "Generated by `outbox-bench` on {now} in {:.0} s ({} mode, {} repetition{} per case, designs alternating).\n",
+        elapsed.as_secs_f64(),
+        if plan.quick {
+            "**quick** (harness check, small sizes: figures are not meaningful)"
+        } else {
+            "full"
+        },
+        plan.reps,
+        if plan.reps == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        s,
+        "Figures are `median [min–max]` over the repetitions. Ratios are computed against baselines measured in this same run.\n"
+    );
+
+    let _ = writeln!(s, "## Conditions\n");
+    let _ = writeln!(s, "| | |\n| --- | --- |");
+    let _ = writeln!(
+        s,
+        "| machine | {} cores, {:.1} GiB, {} |",
+        m.cores, m.memory_gib, m.cpu_model
+    );
+    let _ = writeln!(s, "| kernel | {} |", m.kernel);
+    let _ = writeln!(
+        s,
+        "| load average at start | {} (the machine is shared with other builds and tests) |",
+        m.load_before
+    );
+    let _ = writeln!(s, "| PostgreSQL | {} |", m.postgres);
+    let _ = writeln!(s, "| RabbitMQ | {} |", m.rabbitmq);
+    let _ = writeln!(s, "| rustc | {} |", m.rustc);
+    let _ = writeln!(s, "| git commit | {} |", m.git_commit);
+    let _ = writeln!(
+        s,
+        "| everything co-located | PostgreSQL, RabbitMQ, outboxd, outbox-relay and the harness on one machine, loopback only |"
+    );
+    let _ = writeln!(
+        s,
+        "| payload | ~{} bytes of JSON per event, persistent messages, durable queue, `mandatory`, publisher confirms |\n",
+        r.payload_bytes
+    );
+
+    let _ = writeln!(s, "## Targets\n");
+    let _ = writeln!(s, "| target | measured | result |\n| --- | --- | --- |");
+    for c in checks(plan, r) {
+        let _ = writeln!(s, "| {} | {} | {} |", c.target, c.measured, verdict(&c));
+    }
+    s.push('\n');
+
+    if !r.drain.is_empty() {
+        drain_section(&mut s, plan, r);
+    }
+    if !r.latency.is_empty() {
+        latency_section(&mut s, plan, r);
+    }
+    if !r.scale.is_empty() {
+        scale_section(&mut s, plan, r);
+    }
+    if !r.drain.is_empty() {
+        cost_section(&mut s, r);
+    }
+
+    let _ = writeln!(s, "## Commands\n");
+    let _ = writeln!(
+        s,
+        "```sh\ncargo build --release --bins\n{}\n```\n",
+        m.command
+    );
+    let _ = writeln!(
+        s,
+        "Processes the harness started (ports and database names vary per run):\n"
+    );
+    let _ = writeln!(s, "```sh");
+    for c in &r.commands {
+        let _ = writeln!(s, "{c}");
+    }
+    let _ = writeln!(s, "```\n");
+    if !charts.is_empty() {
+        let _ = writeln!(s, "## Charts\n");
+        for c in charts {
+            if let Some(name) = c.file_name().and_then(|n| n.to_str()) {
+                let _ = writeln!(s, "![{name}]({name})\n");
+            }
+        }
+    }
+    for note in &r.notes {
+        let _ = writeln!(s, "{note}\n");
+    }
+    s
+}
+
+fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
+    let ceiling = Spread::of(&r.ceiling);
+    let _ = writeln!(s, "## Drain: {} pre-filled events\n", plan.events);
+    let _ = writeln!(
+        s,
+        "Events per second from the start of the relay until every row is published and every message is in the queue. \
+         Workers: classic relay workers (each its own DB connection and confirm channel) = `outbox-relay --concurrency` slots \
+         (each its own confirm channel), one relay process. RabbitMQ confirm ceiling (one client, one channel, \
+         2 000 unconfirmed in flight, same messages): **{} msg/s**.\n",
+        ceiling.show(0)
+    );
+    let _ = writeln!(
+        s,
+        "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling |"
+    );
+    let _ = writeln!(s, "| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for case in &r.drain {
+        let c = Spread::of(&rates(&case.classic));
+        let o = Spread::of(&rates(&case.outboxd));
+        let ratio = Spread::of(&ratios(case));
+        let share = if ceiling.median > 0.0 {
+            o.median / ceiling.median * 100.0
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {}× | {share:.0} % |",
+            case.batch,
+            case.workers,
+            c.show(0),
+            o.show(0),
+            ratio.show(2)
+        );
+    }
+    s.push('\n');
+}
+
+fn latency_section(s: &mut String, plan: &Plan, r: &Results) {
+    let _ = writeln!(
+        s,
+        "## Latency under steady load: {} events/s for {} s\n",
+        plan.rate, plan.latency_secs
+    );
+    let _ = writeln!(
+        s,
+        "A producer commits one event per transaction on a fixed schedule (16 connections, so commits can group); a consumer on the queue \
+         takes commit → delivery from the commit time the producer recorded when its COMMIT returned (same clock, same \
+         process). The first second is warm-up and not counted. Both designs: batch {}, {} workers / slots. The classic \
+         workers sleep one poll interval whenever a batch comes back short; with {} workers polling independently the \
+         table is looked at about every interval / {}.\n",
+        plan.latency_batch, plan.latency_workers, plan.latency_workers, plan.latency_workers
+    );
+    let _ = writeln!(
+        s,
+        "| design | p50 ms | p99 ms | max ms | achieved rate ev/s | delivered / committed |"
+    );
+    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    for case in &r.latency {
+        let col = |f: fn(&crate::scenarios::LatencyRun) -> f64| {
+            Spread::of(&case.runs.iter().map(f).collect::<Vec<_>>())
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} / {} |",
+            case.label(),
+            col(|x| x.p50_ms).show(2),
+            col(|x| x.p99_ms).show(2),
+            col(|x| x.max_ms).show(1),
+            col(|x| x.achieved_rate).show(0),
+            case.runs.iter().map(|x| x.delivered).sum::<u64>(),
+            case.runs.iter().map(|x| x.sent).sum::<u64>()
+        );
+    }
+    s.push('\n');
+}
+
+fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
+    let _ = writeln!(s, "## Claim latency with history\n");
+    let _ = writeln!(
+        s,
+        "One `ClaimBatch(max 100)` over gRPC, {} timed claims per point (after 3 warm-up claims), each acked \
+         before the next (untimed). History rows are published rows retained (`published_at` set directly by \
+         `INSERT … SELECT generate_series`); pending rows are re-inserted fresh for each point; leases in flight are \
+         the oldest pending rows leased for an hour, ahead of the claimable ones. `SQL ms` is the claim statement's \
+         execution time under `EXPLAIN (ANALYZE, BUFFERS)`, rolled back.\n",
+        plan.claims
+    );
+    let base = |p: &ScalePoint| {
+        r.scale
+            .iter()
+            .find(|b| b.history == plan.history[0] && b.pending == p.pending && b.leases == 0)
+            .map(median_ms)
+    };
+    let _ = writeln!(
+        s,
+        "| history rows | pending | leases in flight | claim ms | vs empty | SQL ms |"
+    );
+    let _ = writeln!(s, "| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for p in &r.scale {
+        let vs = base(p).map_or("–".into(), |b| format!("{:.2}×", median_ms(p) / b));
+        let spread = Spread::of(&p.claim_ms);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} [p10 {:.2}, p90 {:.2}] | {vs} | {:.2} |",
+            p.history,
+            p.pending,
+            p.leases,
+            spread.median,
+            crate::stats::quantile(&p.claim_ms, 0.1),
+            crate::stats::quantile(&p.claim_ms, 0.9),
+            p.sql_ms
+        );
+    }
+    s.push('\n');
+    // The plans of the baseline and of the heaviest points, for profiling.
+    let mut shown = Vec::new();
+    if let Some(first) = r.scale.first() {
+        shown.push(first);
+    }
+    if let Some(big) = r
+        .scale
+        .iter()
+        .filter(|p| p.leases == 0)
+        .max_by_key(|p| (p.history, p.pending))
+    {
+        shown.push(big);
+    }
+    shown.extend(r.scale.iter().filter(|p| p.leases > 0));
+    let _ = writeln!(
+        s,
+        "<details><summary>Claim plans (EXPLAIN ANALYZE, BUFFERS)</summary>\n"
+    );
+    for p in shown {
+        let _ = writeln!(
+            s,
+            "{} history, {} pending, {} leases:\n\n```\n{}\n```\n",
+            p.history, p.pending, p.leases, p.plan
+        );
+    }
+    let _ = writeln!(s, "</details>\n");
+}
+
+fn cost_section(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "## Cost\n");
+    let _ = writeln!(
+        s,
+        "Database transactions per published event are `xact_commit + xact_rollback` deltas of the bench database in \
+         `pg_stat_database` over the drain, minus the harness's own monitoring queries (outboxd's start-up, health and \
+         metrics queries are included). Every outboxd statement is its own transaction, so for outboxd transactions = \
+         statements. For the classic relay the harness also counts the statements it sent (BEGIN, SELECT, UPDATE, COMMIT). \
+         CPU seconds (user + system) and peak RSS (VmHWM) come from /proc, per 100 000 events.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| batch | workers | outboxd xact/ev | classic xact/ev | classic statements/ev | outboxd CPU s /100k | relay CPU s /100k | outboxd peak RSS MiB | relay peak RSS MiB |"
+    );
+    let _ = writeln!(
+        s,
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for case in &r.drain {
+        let per100k = |runs: &[DrainRun], f: fn(&DrainRun) -> f64| {
+            let n_events = |x: &DrainRun| x.events_per_sec * x.secs;
+            Spread::of(
+                &runs
+                    .iter()
+                    .map(|x| f(x) / n_events(x) * 100_000.0)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let plain = |runs: &[DrainRun], f: fn(&DrainRun) -> f64| {
+            Spread::of(&runs.iter().map(f).collect::<Vec<_>>())
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            case.batch,
+            case.workers,
+            plain(&case.outboxd, |x| x.xacts_per_event).show(4),
+            plain(&case.classic, |x| x.xacts_per_event).show(4),
+            plain(&case.classic, |x| x
+                .statements_per_event
+                .unwrap_or(f64::NAN))
+            .show(4),
+            per100k(&case.outboxd, |x| x.outboxd.cpu_secs).show(2),
+            per100k(&case.outboxd, |x| x.relay.cpu_secs).show(2),
+            plain(&case.outboxd, |x| x.outboxd.peak_rss_mib).show(1),
+            plain(&case.outboxd, |x| x.relay.peak_rss_mib).show(1),
+        );
+    }
+    s.push('\n');
+}

@@ -1,0 +1,1041 @@
+//! The scenarios: drain, latency under steady load, claim latency with history.
+//! Each measured case runs every design once per repetition, the order of the
+//! designs rotating from one repetition to the next.
+
+use std::{
+    collections::VecDeque,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use hdrhistogram::Histogram;
+use lapin::{
+    Confirmation,
+    options::{BasicConsumeOptions, BasicPublishOptions},
+    types::FieldTable,
+};
+use outboxd::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
+use sqlx::{AssertSqlSafe, Connection as _, PgPool};
+use tokio::{sync::Mutex, time::Instant};
+
+use crate::{
+    Args, Plan, classic,
+    db::{self, Shape},
+    procs::{self, Binaries, RelayOpts, Usage},
+    progress::Progress,
+    rabbit::{self, Msg, Rabbit},
+};
+
+/// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS).
+const CLAIM_SQL: &str = include_str!("../src/store/queries/claim.sql");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Design {
+    Classic,
+    Outboxd,
+}
+
+impl Design {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Classic => "classic relay",
+            Self::Outboxd => "outboxd + relay",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DrainRun {
+    pub events_per_sec: f64,
+    pub secs: f64,
+    /// Database transactions (commits + rollbacks) per published event.
+    pub xacts_per_event: f64,
+    /// Statements the harness sent (classic only; outboxd's are one per transaction).
+    pub statements_per_event: Option<f64>,
+    pub outboxd: Usage,
+    pub relay: Usage,
+}
+
+#[derive(Debug, Clone)]
+pub struct DrainCase {
+    pub batch: u32,
+    pub workers: u32,
+    pub classic: Vec<DrainRun>,
+    pub outboxd: Vec<DrainRun>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyRun {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub achieved_rate: f64,
+    pub sent: u64,
+    pub delivered: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyCase {
+    pub design: Design,
+    /// Classic poll interval.
+    pub poll_ms: Option<u64>,
+    pub runs: Vec<LatencyRun>,
+    /// All repetitions merged, in microseconds.
+    pub merged: Histogram<u64>,
+}
+
+impl LatencyCase {
+    pub fn label(&self) -> String {
+        match self.poll_ms {
+            Some(ms) => format!("classic relay, {ms} ms poll"),
+            None => "outboxd + relay, long-poll".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ScalePoint {
+    pub history: u64,
+    pub pending: u64,
+    pub leases: u64,
+    /// ClaimBatch(100) round trips, milliseconds.
+    pub claim_ms: Vec<f64>,
+    /// Execution time of the claim statement under EXPLAIN ANALYZE (rolled back).
+    pub sql_ms: f64,
+    pub plan: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    pub drain: Vec<DrainCase>,
+    pub ceiling: Vec<f64>,
+    pub latency: Vec<LatencyCase>,
+    pub scale: Vec<ScalePoint>,
+    pub commands: Vec<String>,
+    pub payload_bytes: usize,
+    pub notes: Vec<String>,
+}
+
+pub struct Ctx {
+    pub args: Args,
+    pub bins: Binaries,
+    pub admin: PgPool,
+    pub rabbit: Rabbit,
+    pub prefix: String,
+    pub db_outboxd: String,
+    pub db_classic: String,
+    pub db_scale: String,
+    pub progress: Progress,
+    commands: Mutex<Vec<String>>,
+    log_dir: PathBuf,
+}
+
+impl Ctx {
+    pub async fn setup(args: &Args, plan: &Plan, bins: Binaries) -> anyhow::Result<Self> {
+        let admin = db::pool(&args.database_url, 2).await?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let prefix = format!(
+            "outbox_bench_{}_{}",
+            std::process::id(),
+            stamp % 100_000_000
+        );
+        let rabbit = Rabbit::setup(&args.amqp_url, &prefix.replace('_', "-")).await?;
+        let steps = steps(plan);
+        let ctx = Self {
+            args: args.clone(),
+            bins,
+            admin,
+            rabbit,
+            db_outboxd: format!("{prefix}_o"),
+            db_classic: format!("{prefix}_c"),
+            db_scale: format!("{prefix}_s"),
+            prefix,
+            progress: Progress::new(steps),
+            commands: Mutex::new(Vec::new()),
+            log_dir: args.log_dir.clone(),
+        };
+        Ok(ctx)
+    }
+
+    fn url(&self, db: &str) -> anyhow::Result<String> {
+        db::url_for(&self.args.database_url, db)
+    }
+
+    async fn record(&self, cmdline: &str) {
+        let mut cmds = self.commands.lock().await;
+        // Ports and database names change per run; keep the first of each shape.
+        let shape: String = cmdline
+            .split_whitespace()
+            .filter(|w| !w.contains("127.0.0.1:") && !w.contains(&self.prefix))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let seen = cmds.iter().any(|c| {
+            c.split_whitespace()
+                .filter(|w| !w.contains("127.0.0.1:") && !w.contains(&self.prefix))
+                .collect::<Vec<_>>()
+                .join(" ")
+                == shape
+        });
+        if !seen {
+            cmds.push(cmdline.to_owned());
+        }
+    }
+
+    pub async fn cleanup(&self) -> anyhow::Result<()> {
+        self.progress.finish();
+        let mut first_err = None;
+        for name in [&self.db_outboxd, &self.db_classic, &self.db_scale] {
+            if let Err(err) = db::drop_database(&self.admin, name).await {
+                first_err.get_or_insert(err);
+            }
+        }
+        if let Err(err) = self.rabbit.cleanup().await {
+            first_err.get_or_insert(err);
+        }
+        self.admin.close().await;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn migrate(&self, db_name: &str) -> anyhow::Result<()> {
+        let url = self.url(db_name)?;
+        let args = vec!["migrate".to_owned(), "--database-url".to_owned(), url];
+        let mut proc = procs::Proc::spawn(
+            &format!("migrate-{db_name}"),
+            &self.bins.outboxd,
+            &args,
+            &self.log_dir,
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for _ in 0..100_000 {
+            if proc.check_alive().is_err() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("outboxd migrate did not finish in 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut conn = db::connect(&self.url(db_name)?).await?;
+        let ok: Option<String> = sqlx::query_scalar("SELECT to_regclass('public.outbox')::text")
+            .fetch_one(&mut conn)
+            .await
+            .context("checking the migrated table")?;
+        let _ = conn.close().await;
+        if ok.is_none() {
+            bail!(
+                "outboxd migrate did not create public.outbox (see {})",
+                self.log_dir.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn steps(plan: &Plan) -> u64 {
+    let reps = plan.reps as u64;
+    let mut n = 0;
+    if plan.drain {
+        n += reps * (1 + 2 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
+    }
+    if plan.latency {
+        n += reps * (1 + plan.poll_ms.len() as u64);
+    }
+    if plan.scale {
+        n += (plan.history.len() * plan.pending.len()) as u64 + 2;
+    }
+    n
+}
+
+pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
+    let mut results = Results {
+        payload_bytes: db::payload(12345).len(),
+        ..Results::default()
+    };
+    for name in [&ctx.db_outboxd, &ctx.db_classic, &ctx.db_scale] {
+        db::create_database(&ctx.admin, name).await?;
+    }
+    ctx.progress.doing("migrating the bench databases");
+    ctx.migrate(&ctx.db_outboxd).await?;
+    ctx.migrate(&ctx.db_scale).await?;
+    let mut conn = db::connect(&ctx.url(&ctx.db_classic)?).await?;
+    sqlx::raw_sql(db::CLASSIC_SCHEMA)
+        .execute(&mut conn)
+        .await
+        .context("creating the classic table")?;
+    let _ = conn.close().await;
+
+    if plan.drain {
+        drain(ctx, plan, &mut results).await?;
+    }
+    if plan.latency {
+        latency(ctx, plan, &mut results).await?;
+    }
+    if plan.scale {
+        scale(ctx, plan, &mut results).await?;
+    }
+    results.commands = ctx.commands.lock().await.clone();
+    Ok(results)
+}
+
+// ---------------------------------------------------------------- drain
+
+async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let mut cases: Vec<DrainCase> = Vec::new();
+    for &batch in &plan.batch_sizes {
+        for &workers in &plan.workers {
+            cases.push(DrainCase {
+                batch,
+                workers,
+                classic: Vec::new(),
+                outboxd: Vec::new(),
+            });
+        }
+    }
+    let n = plan.events;
+    for rep in 0..plan.reps {
+        ctx.progress.doing(format!(
+            "rep {}/{}: RabbitMQ confirm ceiling",
+            rep + 1,
+            plan.reps
+        ));
+        let rate = ceiling(ctx, n).await?;
+        ctx.progress
+            .log(format!("rep {} ceiling: {rate:.0} msg/s", rep + 1));
+        results.ceiling.push(rate);
+        ctx.progress.done_step();
+        for case in &mut cases {
+            let order = if rep % 2 == 0 {
+                [Design::Classic, Design::Outboxd]
+            } else {
+                [Design::Outboxd, Design::Classic]
+            };
+            for design in order {
+                ctx.progress.doing(format!(
+                    "rep {}/{}: drain {n} with {}, batch {}, {} worker(s)",
+                    rep + 1,
+                    plan.reps,
+                    design.label(),
+                    case.batch,
+                    case.workers
+                ));
+                let run = match design {
+                    Design::Classic => drain_classic(ctx, n, case.batch, case.workers).await?,
+                    Design::Outboxd => drain_outboxd(ctx, n, case.batch, case.workers).await?,
+                };
+                ctx.progress.log(format!(
+                    "rep {} drain {} b{} w{}: {:.0} ev/s, {:.4} xact/ev",
+                    rep + 1,
+                    design.label(),
+                    case.batch,
+                    case.workers,
+                    run.events_per_sec,
+                    run.xacts_per_event
+                ));
+                match design {
+                    Design::Classic => case.classic.push(run),
+                    Design::Outboxd => case.outboxd.push(run),
+                }
+                ctx.progress.done_step();
+            }
+        }
+    }
+    results.drain = cases;
+    Ok(())
+}
+
+/// Empties the table and the queue, fills `n` pending events, and settles the
+/// database (VACUUM ANALYZE, CHECKPOINT) so every run starts alike.
+async fn prepare_backlog(ctx: &Ctx, db_name: &str, shape: Shape, n: u64) -> anyhow::Result<()> {
+    let mut conn = db::connect(&ctx.url(db_name)?).await?;
+    db::truncate(&mut conn).await?;
+    db::fill_pending(&mut conn, shape, 1, n).await?;
+    db::vacuum_analyze(&mut conn).await?;
+    db::checkpoint(&mut conn).await?;
+    let _ = conn.close().await;
+    ctx.rabbit.purge().await?;
+    Ok(())
+}
+
+fn drain_deadline(n: u64) -> Instant {
+    // Generous: even 200 events/s finishes; a stuck run fails instead of hanging.
+    Instant::now() + Duration::from_secs(60 + n / 200)
+}
+
+/// Waits for every message in the queue and no pending row. Returns the time it
+/// was seen and the number of monitoring queries sent to the database.
+async fn wait_drained(
+    ctx: &Ctx,
+    db_name: &str,
+    n: u64,
+    deadline: Instant,
+) -> anyhow::Result<(Instant, i64)> {
+    if !ctx.rabbit.wait_depth(n, deadline).await? {
+        bail!("drain: the queue did not reach {n} messages in time");
+    }
+    let mut conn = db::connect(&ctx.url(db_name)?).await?;
+    let mut queries = 0i64;
+    for _ in 0..1_000_000 {
+        queries += 1;
+        if db::pending(&mut conn).await? == 0 {
+            let done = Instant::now();
+            let _ = conn.close().await;
+            return Ok((done, queries));
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(crate::POLL).await;
+    }
+    let _ = conn.close().await;
+    bail!("drain: rows still pending at the deadline")
+}
+
+async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
+    let db_name = &ctx.db_outboxd;
+    prepare_backlog(ctx, db_name, Shape::Outboxd, n).await?;
+    let (outboxd, addr) =
+        procs::start_outboxd(&ctx.bins, &ctx.url(db_name)?, &ctx.log_dir, "drain").await?;
+    ctx.record(&outboxd.cmdline).await;
+    let x0 = db::xacts(&ctx.admin, db_name).await?;
+    let started = Instant::now();
+    let opts = RelayOpts {
+        server: addr,
+        amqp_url: &ctx.args.amqp_url,
+        exchange: &ctx.rabbit.exchange,
+        batch,
+        concurrency: workers,
+    };
+    let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "drain")?;
+    ctx.record(&relay.cmdline).await;
+    let waited = wait_drained(ctx, db_name, n, drain_deadline(n)).await;
+    let usage_outboxd = outboxd.usage();
+    let usage_relay = relay.usage();
+    relay.stop(Duration::from_secs(10)).await?;
+    outboxd.stop(Duration::from_secs(10)).await?;
+    let (done, polls) = waited?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let x1 = db::xacts(&ctx.admin, db_name).await?;
+    let secs = done.duration_since(started).as_secs_f64();
+    Ok(DrainRun {
+        events_per_sec: n as f64 / secs,
+        secs,
+        xacts_per_event: (x1 - x0 - polls).max(0) as f64 / n as f64,
+        statements_per_event: None,
+        outboxd: usage_outboxd,
+        relay: usage_relay,
+    })
+}
+
+async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
+    let db_name = &ctx.db_classic;
+    prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
+    let x0 = db::xacts(&ctx.admin, db_name).await?;
+    let deadline = drain_deadline(n);
+    let started = Instant::now();
+    let shared = Arc::new(classic::Shared::default());
+    let handles = start_classic(
+        ctx,
+        db_name,
+        batch,
+        workers,
+        Duration::from_millis(100),
+        deadline,
+        &shared,
+    )
+    .await?;
+    let waited = wait_drained(ctx, db_name, n, deadline).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    join_classic(handles).await?;
+    let (done, polls) = waited?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let x1 = db::xacts(&ctx.admin, db_name).await?;
+    let secs = done.duration_since(started).as_secs_f64();
+    Ok(DrainRun {
+        events_per_sec: n as f64 / secs,
+        secs,
+        xacts_per_event: (x1 - x0 - polls).max(0) as f64 / n as f64,
+        statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n as f64),
+        outboxd: Usage::default(),
+        relay: Usage::default(),
+    })
+}
+
+type Workers = (
+    Arc<lapin::Connection>,
+    Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+);
+
+async fn start_classic(
+    ctx: &Ctx,
+    db_name: &str,
+    batch: u32,
+    workers: u32,
+    poll: Duration,
+    deadline: Instant,
+    shared: &Arc<classic::Shared>,
+) -> anyhow::Result<Workers> {
+    let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench classic relay").await?);
+    let url = ctx.url(db_name)?;
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let db = db::connect(&url).await?;
+        let settings = classic::Settings {
+            batch,
+            poll,
+            exchange: ctx.rabbit.exchange.clone(),
+            deadline,
+        };
+        handles.push(tokio::spawn(classic::worker(
+            db,
+            Arc::clone(&amqp),
+            settings,
+            Arc::clone(shared),
+        )));
+    }
+    Ok((amqp, handles))
+}
+
+async fn join_classic((amqp, handles): Workers) -> anyhow::Result<()> {
+    let mut first_err = None;
+    for h in handles {
+        match tokio::time::timeout(Duration::from_secs(30), h).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => {
+                first_err.get_or_insert(err);
+            }
+            Ok(Err(join)) => {
+                first_err.get_or_insert(anyhow::anyhow!("classic worker panicked: {join}"));
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow::anyhow!("classic worker did not stop in 30 s"));
+            }
+        }
+    }
+    let _ = amqp.close(200, "bye".into()).await;
+    first_err.map_or(Ok(()), |e| Err(e.context("classic relay")))
+}
+
+/// One client, one confirm channel, persistent mandatory messages of the same
+/// size and properties, a sliding window of unconfirmed publishes.
+async fn ceiling(ctx: &Ctx, n: u64) -> anyhow::Result<f64> {
+    ctx.rabbit.purge().await?;
+    let msgs: Vec<Msg> = (0..n)
+        .map(|i| Msg {
+            id: uuid::Uuid::new_v4().to_string(),
+            aggregate_id: uuid::Uuid::from_u128(u128::from(i % 5000)).to_string(),
+            event_type: "order.paid".into(),
+            payload: db::payload(i).into_bytes(),
+            created_secs: 1_700_000_000,
+            sequence: i64::try_from(i).unwrap_or(0),
+        })
+        .collect();
+    let conn = rabbit::connect(&ctx.args.amqp_url, "outbox-bench ceiling").await?;
+    let ch = rabbit::confirm_channel(&conn).await?;
+    const WINDOW: usize = 2000;
+    let deadline = drain_deadline(n);
+    let started = Instant::now();
+    let mut window = VecDeque::with_capacity(WINDOW + 1);
+    let settle = |c: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>| -> anyhow::Result<()> {
+        match c {
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(other)) => bail!("ceiling: broker did not confirm: {other:?}"),
+            Ok(Err(err)) => Err(err).context("ceiling: confirm"),
+            Err(_) => bail!("ceiling: confirms did not arrive in time"),
+        }
+    };
+    for m in &msgs {
+        let confirm = ch
+            .basic_publish(
+                ctx.rabbit.exchange.as_str().into(),
+                m.event_type.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &m.payload,
+                rabbit::properties(m),
+            )
+            .await
+            .context("ceiling: basic.publish")?;
+        window.push_back(confirm);
+        if window.len() > WINDOW
+            && let Some(oldest) = window.pop_front()
+        {
+            settle(tokio::time::timeout_at(deadline, oldest).await)?;
+        }
+    }
+    for confirm in window {
+        settle(tokio::time::timeout_at(deadline, confirm).await)?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let _ = ch.close(200, "bye".into()).await;
+    let _ = conn.close(200, "bye".into()).await;
+    if !ctx.rabbit.wait_depth(n, deadline).await? {
+        bail!("ceiling: the queue did not reach {n} messages");
+    }
+    ctx.rabbit.purge().await?;
+    Ok(n as f64 / secs)
+}
+
+// ---------------------------------------------------------------- latency
+
+async fn latency(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let mut cases: Vec<LatencyCase> = std::iter::once(None)
+        .chain(plan.poll_ms.iter().copied().map(Some))
+        .map(|poll_ms| {
+            Ok(LatencyCase {
+                design: if poll_ms.is_some() {
+                    Design::Classic
+                } else {
+                    Design::Outboxd
+                },
+                poll_ms,
+                runs: Vec::new(),
+                merged: Histogram::new_with_bounds(1, 600_000_000, 3).context("histogram")?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let count = cases.len();
+    for rep in 0..plan.reps {
+        for k in 0..count {
+            // Rotate the order each repetition.
+            let case = &mut cases[(k + rep) % count];
+            ctx.progress.doing(format!(
+                "rep {}/{}: {} events/s for {} s, {}",
+                rep + 1,
+                plan.reps,
+                plan.rate,
+                plan.latency_secs,
+                case.label()
+            ));
+            let (run, hist) = latency_run(ctx, plan, case.design, case.poll_ms).await?;
+            ctx.progress.log(format!(
+                "rep {} latency {}: p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms at {:.0}/s",
+                rep + 1,
+                case.label(),
+                run.p50_ms,
+                run.p99_ms,
+                run.max_ms,
+                run.achieved_rate
+            ));
+            case.merged.add(&hist).context("merging histograms")?;
+            case.runs.push(run);
+            ctx.progress.done_step();
+        }
+    }
+    results.latency = cases;
+    Ok(())
+}
+
+const UNSET: u64 = u64::MAX;
+
+async fn latency_run(
+    ctx: &Ctx,
+    plan: &Plan,
+    design: Design,
+    poll_ms: Option<u64>,
+) -> anyhow::Result<(LatencyRun, Histogram<u64>)> {
+    let (db_name, shape) = match design {
+        Design::Classic => (&ctx.db_classic, Shape::Classic),
+        Design::Outboxd => (&ctx.db_outboxd, Shape::Outboxd),
+    };
+    prepare_backlog(ctx, db_name, shape, 0).await?;
+    let total = u64::from(plan.rate) * plan.latency_secs;
+    let total_usize = usize::try_from(total)?;
+    let committed: Arc<Vec<AtomicU64>> =
+        Arc::new((0..total_usize).map(|_| AtomicU64::new(UNSET)).collect());
+    let delivered: Arc<Vec<AtomicU64>> =
+        Arc::new((0..total_usize).map(|_| AtomicU64::new(UNSET)).collect());
+    let hard_stop = Instant::now() + Duration::from_secs(plan.latency_secs * 3 + 90);
+
+    // The design under test.
+    let mut procs_running = Vec::new();
+    let mut classic_workers = None;
+    let shared = Arc::new(classic::Shared::default());
+    match design {
+        Design::Outboxd => {
+            let (outboxd, addr) =
+                procs::start_outboxd(&ctx.bins, &ctx.url(db_name)?, &ctx.log_dir, "latency")
+                    .await?;
+            ctx.record(&outboxd.cmdline).await;
+            let opts = RelayOpts {
+                server: addr,
+                amqp_url: &ctx.args.amqp_url,
+                exchange: &ctx.rabbit.exchange,
+                batch: plan.latency_batch,
+                concurrency: plan.latency_workers,
+            };
+            let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "latency")?;
+            ctx.record(&relay.cmdline).await;
+            procs_running.push(relay);
+            procs_running.push(outboxd);
+        }
+        Design::Classic => {
+            let poll = Duration::from_millis(poll_ms.unwrap_or(100));
+            classic_workers = Some(
+                start_classic(
+                    ctx,
+                    db_name,
+                    plan.latency_batch,
+                    plan.latency_workers,
+                    poll,
+                    hard_stop,
+                    &shared,
+                )
+                .await?,
+            );
+        }
+    }
+
+    // The consumer.
+    let consumer_conn = rabbit::connect(&ctx.args.amqp_url, "outbox-bench consumer").await?;
+    let consumer_ch = consumer_conn
+        .create_channel()
+        .await
+        .context("consumer channel")?;
+    let mut consumer = consumer_ch
+        .basic_consume(
+            ctx.rabbit.queue.as_str().into(),
+            "outbox-bench".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .context("basic.consume")?;
+    // Let the relay connect and start its long-polls before the clock starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for p in &mut procs_running {
+        p.check_alive()?;
+    }
+    let t0 = std::time::Instant::now();
+    let received = Arc::new(AtomicU64::new(0));
+    let consume = {
+        let delivered = Arc::clone(&delivered);
+        let received = Arc::clone(&received);
+        tokio::spawn(async move {
+            for _ in 0..(total * 2 + 10) {
+                let next = tokio::time::timeout_at(hard_stop, consumer.next()).await;
+                let Ok(Some(Ok(delivery))) = next else { break };
+                let at = u64::try_from(t0.elapsed().as_micros()).unwrap_or(UNSET - 1);
+                let n = serde_json::from_slice::<serde_json::Value>(&delivery.data)
+                    .ok()
+                    .and_then(|v| v.get("n").and_then(serde_json::Value::as_u64));
+                if let Some(slot) = n.and_then(|n| delivered.get(usize::try_from(n).ok()?)) {
+                    // First delivery counts (at-least-once may repeat).
+                    let _ = slot.compare_exchange(UNSET, at, Ordering::Relaxed, Ordering::Relaxed);
+                    if received.fetch_add(1, Ordering::Relaxed) + 1 >= total {
+                        break;
+                    }
+                }
+            }
+        })
+    };
+
+    // The producer: one event per transaction, on a fixed schedule, spread
+    // over a few connections so one slow commit does not delay the next.
+    const PRODUCERS: u64 = 16;
+    let insert = match shape {
+        Shape::Outboxd => {
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, 'order.paid', $3::jsonb)"
+        }
+        Shape::Classic => {
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2::uuid, 'order.paid', $3::jsonb)"
+        }
+    };
+    let url = ctx.url(db_name)?;
+    let mut producers = Vec::new();
+    let interval_us = 1_000_000.0 / f64::from(plan.rate);
+    for j in 0..PRODUCERS {
+        let mut conn = db::connect(&url).await?;
+        let committed = Arc::clone(&committed);
+        producers.push(tokio::spawn(async move {
+            let mut i = j;
+            while i < total {
+                let due = t0 + Duration::from_micros((i as f64 * interval_us) as u64);
+                tokio::time::sleep_until(due.into()).await;
+                if Instant::now() >= hard_stop {
+                    break;
+                }
+                let aggregate = uuid::Uuid::from_u128(u128::from(i % 5000) + 1).to_string();
+                sqlx::query(insert)
+                    .bind(uuid::Uuid::new_v4())
+                    .bind(aggregate)
+                    .bind(db::payload(i))
+                    .execute(&mut conn)
+                    .await
+                    .context("producer INSERT")?;
+                let at = u64::try_from(t0.elapsed().as_micros()).unwrap_or(UNSET - 1);
+                committed[usize::try_from(i)?].store(at, Ordering::Relaxed);
+                i += PRODUCERS;
+            }
+            let _ = conn.close().await;
+            anyhow::Ok(())
+        }));
+    }
+    let mut produce_err = None;
+    for p in producers {
+        match p.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                produce_err.get_or_insert(err);
+            }
+            Err(join) => {
+                produce_err.get_or_insert(anyhow::anyhow!("producer panicked: {join}"));
+            }
+        }
+    }
+    // Everything committed should arrive within a few poll intervals.
+    let settle_by = Instant::now() + Duration::from_secs(20);
+    for _ in 0..10_000 {
+        if received.load(Ordering::Relaxed) >= total || Instant::now() >= settle_by {
+            break;
+        }
+        tokio::time::sleep(crate::POLL).await;
+    }
+    consume.abort();
+    let _ = consumer_conn.close(200, "bye".into()).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    if let Some(workers) = classic_workers {
+        join_classic(workers).await?;
+    }
+    for p in procs_running {
+        p.stop(Duration::from_secs(10)).await?;
+    }
+    if let Some(err) = produce_err {
+        return Err(err);
+    }
+
+    // Commit → delivery, skipping the first second (connections warming up).
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("histogram")?;
+    let warmup = u64::from(plan.rate);
+    let mut first_commit = UNSET;
+    let mut last_commit = 0;
+    let mut sent = 0u64;
+    let mut got = 0u64;
+    for i in 0..total_usize {
+        let c = committed[i].load(Ordering::Relaxed);
+        let d = delivered[i].load(Ordering::Relaxed);
+        if c == UNSET {
+            continue;
+        }
+        sent += 1;
+        first_commit = first_commit.min(c);
+        last_commit = last_commit.max(c);
+        if d == UNSET {
+            continue;
+        }
+        got += 1;
+        if (i as u64) < warmup {
+            continue;
+        }
+        // The broker can deliver before the producer sees its COMMIT return.
+        hist.saturating_record(d.saturating_sub(c).max(1));
+    }
+    if got < sent {
+        bail!(
+            "latency: {} of {sent} committed events never arrived ({})",
+            sent - got,
+            design.label()
+        );
+    }
+    let span_s = (last_commit.saturating_sub(first_commit)) as f64 / 1e6;
+    let ms = |v: u64| v as f64 / 1000.0;
+    Ok((
+        LatencyRun {
+            p50_ms: ms(hist.value_at_quantile(0.50)),
+            p99_ms: ms(hist.value_at_quantile(0.99)),
+            max_ms: ms(hist.max()),
+            achieved_rate: if span_s > 0.0 {
+                sent as f64 / span_s
+            } else {
+                0.0
+            },
+            sent,
+            delivered: got,
+        },
+        hist,
+    ))
+}
+
+// ---------------------------------------------------------------- scale
+
+async fn scale(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let db_name = &ctx.db_scale;
+    let url = ctx.url(db_name)?;
+    let (outboxd, addr) = procs::start_outboxd(&ctx.bins, &url, &ctx.log_dir, "scale").await?;
+    ctx.record(&outboxd.cmdline).await;
+    let outcome = scale_points(ctx, plan, &url, addr).await;
+    outboxd.stop(Duration::from_secs(10)).await?;
+    results.scale = outcome?;
+    Ok(())
+}
+
+async fn scale_points(
+    ctx: &Ctx,
+    plan: &Plan,
+    url: &str,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<Vec<ScalePoint>> {
+    let mut client = OutboxServiceClient::connect(format!("http://{addr}"))
+        .await
+        .context("connecting to outboxd")?;
+    let mut conn = db::connect(url).await?;
+    let mut points = Vec::new();
+    let mut history_now = 0u64;
+    let last = plan.history.len() - 1;
+    for (hi, &history) in plan.history.iter().enumerate() {
+        if history > history_now {
+            ctx.progress.doing(format!(
+                "scale: filling published history to {history} rows"
+            ));
+            db::fill_history(&mut conn, history_now + 1, history - history_now).await?;
+            history_now = history;
+        }
+        for &pending in &plan.pending {
+            ctx.progress.doing(format!(
+                "scale: claims with {history} history, {pending} pending"
+            ));
+            reset_pending(&mut conn, pending).await?;
+            let point = measure_claims(plan, &mut client, &mut conn, history, pending, 0).await?;
+            ctx.progress.log(format!(
+                "scale h{history} p{pending}: claim median {:.2} ms, sql {:.2} ms",
+                crate::stats::Spread::of(&point.claim_ms).median,
+                point.sql_ms
+            ));
+            points.push(point);
+            ctx.progress.done_step();
+        }
+        if hi == 0 || hi == last {
+            let pending = plan.pending[0];
+            ctx.progress.doing(format!(
+                "scale: claims behind {} leases in flight, {history} history",
+                plan.leases
+            ));
+            reset_pending(&mut conn, pending + plan.leases).await?;
+            sqlx::query(
+                "UPDATE outbox SET lease_id = gen_random_uuid(), locked_until = now() + interval '1 hour', \
+                 attempts = 1, claimed_by = 'outbox-bench', claimed_at = now() \
+                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)",
+            )
+            .bind(i64::try_from(plan.leases)?)
+            .execute(&mut conn)
+            .await
+            .context("putting leases in flight")?;
+            db::vacuum_analyze(&mut conn).await?;
+            let point =
+                measure_claims(plan, &mut client, &mut conn, history, pending, plan.leases).await?;
+            ctx.progress.log(format!(
+                "scale h{history} p{pending} leases {}: claim median {:.2} ms, sql {:.2} ms",
+                plan.leases,
+                crate::stats::Spread::of(&point.claim_ms).median,
+                point.sql_ms
+            ));
+            points.push(point);
+            ctx.progress.done_step();
+        }
+    }
+    let _ = conn.close().await;
+    Ok(points)
+}
+
+/// Deletes every unpublished row and inserts `pending` fresh ones.
+async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::Result<()> {
+    sqlx::query("DELETE FROM outbox WHERE published_at IS NULL")
+        .execute(&mut *conn)
+        .await
+        .context("clearing pending rows")?;
+    db::fill_pending(conn, Shape::Outboxd, 1, pending).await?;
+    db::vacuum_analyze(conn).await?;
+    db::checkpoint(conn).await?;
+    Ok(())
+}
+
+async fn measure_claims(
+    plan: &Plan,
+    client: &mut OutboxServiceClient<tonic::transport::Channel>,
+    conn: &mut sqlx::PgConnection,
+    history: u64,
+    pending: u64,
+    leases: u64,
+) -> anyhow::Result<ScalePoint> {
+    // The statement itself, rolled back, with its plan and buffers.
+    let sql = CLAIM_SQL
+        .replace("{table}", "public.outbox")
+        .replace("$1", "100")
+        .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
+        .replace("$3", "'60 seconds'")
+        .replace("$4", "'outbox-bench'")
+        .replace("$5", "10");
+    let mut tx = conn.begin().await.context("BEGIN")?;
+    let lines: Vec<String> =
+        sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS) {sql}")))
+            .fetch_all(&mut *tx)
+            .await
+            .context("EXPLAIN ANALYZE of the claim")?;
+    tx.rollback().await.context("ROLLBACK")?;
+    let plan_text = lines.join("\n");
+    let sql_ms = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("Execution Time:"))
+        .and_then(|v| v.trim().trim_end_matches("ms").trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+
+    let mut claim_ms = Vec::with_capacity(plan.claims);
+    for k in 0..plan.claims + 3 {
+        let request = pb::ClaimBatchRequest {
+            outbox: String::new(),
+            worker_id: "outbox-bench".into(),
+            max_messages: 100,
+            lease_duration: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+            wait: None,
+        };
+        let started = Instant::now();
+        let batch = tokio::time::timeout(Duration::from_secs(30), client.claim_batch(request))
+            .await
+            .context("ClaimBatch timed out")?
+            .context("ClaimBatch")?
+            .into_inner();
+        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+        if batch.messages.len() != 100 {
+            bail!(
+                "scale: a claim returned {} messages, not 100",
+                batch.messages.len()
+            );
+        }
+        // The first few warm the connections and caches.
+        if k >= 3 {
+            claim_ms.push(elapsed);
+        }
+        let ack = pb::AckRequest {
+            outbox: String::new(),
+            lease_id: batch.lease_id.clone(),
+            message_ids: batch.messages.iter().map(|m| m.id.clone()).collect(),
+        };
+        tokio::time::timeout(Duration::from_secs(30), client.ack(ack))
+            .await
+            .context("Ack timed out")?
+            .context("Ack")?;
+    }
+    Ok(ScalePoint {
+        history,
+        pending,
+        leases,
+        claim_ms,
+        sql_ms,
+        plan: plan_text,
+    })
+}
