@@ -31,6 +31,16 @@ pub struct Shared {
     pub published: AtomicU64,
 }
 
+/// Stops the workers when dropped, so an error path never leaves them running.
+#[derive(Debug)]
+pub struct StopGuard(pub Arc<Shared>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub batch: u32,

@@ -262,7 +262,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let machine = machine::describe(&args).await;
     let ctx = scenarios::Ctx::setup(&args, &plan, bins).await?;
-    let result = scenarios::run_all(&ctx, &plan).await;
+    let result = tokio::select! {
+        result = scenarios::run_all(&ctx, &plan) => result,
+        () = interrupted() => Err(anyhow::anyhow!("interrupted")),
+    };
     // Clean up whatever happened; report the first error.
     let cleanup = ctx.cleanup().await;
     let results = result?;
@@ -290,6 +293,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         println!("quick mode: harness check only, speed targets not evaluated");
     }
     Ok(())
+}
+
+/// Ctrl-C or SIGTERM: the run stops, child processes are killed and the
+/// databases, exchange and queue are still removed.
+async fn interrupted() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }
 
 /// Bounded waits share this: poll `every` until `deadline`.

@@ -202,6 +202,16 @@ impl Proc {
     }
 }
 
+impl Drop for Proc {
+    /// A process the harness lost track of (an error path) never outlives it.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// outboxd on fresh loopback ports, ready to serve.
 pub async fn start_outboxd(
     bins: &Binaries,

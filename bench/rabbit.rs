@@ -18,8 +18,9 @@ use tokio::sync::Mutex;
 pub struct Rabbit {
     pub exchange: String,
     pub queue: String,
-    conn: Connection,
-    admin: Mutex<Option<Channel>>,
+    url: String,
+    /// Reopened when something (another test suite on the same broker) closes it.
+    admin: Mutex<Option<(Connection, Channel)>>,
 }
 
 impl std::fmt::Debug for Rabbit {
@@ -83,22 +84,27 @@ impl Rabbit {
         Ok(Self {
             exchange,
             queue,
-            conn,
-            admin: Mutex::new(Some(ch)),
+            url: url.to_owned(),
+            admin: Mutex::new(Some((conn, ch))),
         })
     }
 
     async fn admin(&self) -> anyhow::Result<Channel> {
         let mut slot = self.admin.lock().await;
-        if let Some(ch) = slot.as_ref().filter(|c| c.status().connected()) {
+        if let Some((_, ch)) = slot
+            .as_ref()
+            .filter(|(c, ch)| c.status().connected() && ch.status().connected())
+        {
             return Ok(ch.clone());
         }
-        let ch = self
-            .conn
-            .create_channel()
-            .await
-            .context("opening a channel")?;
-        *slot = Some(ch.clone());
+        if let Some((conn, _)) = slot.take().filter(|(c, _)| c.status().connected()) {
+            let ch = conn.create_channel().await.context("opening a channel")?;
+            *slot = Some((conn, ch.clone()));
+            return Ok(ch);
+        }
+        let conn = connect(&self.url, "outbox-bench admin").await?;
+        let ch = conn.create_channel().await.context("opening a channel")?;
+        *slot = Some((conn, ch.clone()));
         Ok(ch)
     }
 
@@ -156,7 +162,9 @@ impl Rabbit {
         )
         .await
         .context("deleting the exchange")?;
-        let _ = self.conn.close(200, "bye".into()).await;
+        if let Some((conn, _)) = self.admin.lock().await.take() {
+            let _ = conn.close(200, "bye".into()).await;
+        }
         Ok(())
     }
 }

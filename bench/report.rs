@@ -239,6 +239,7 @@ pub fn render(
     }
     if !r.latency.is_empty() {
         latency_section(&mut s, plan, r);
+        producer_section(&mut s, r);
     }
     if !r.scale.is_empty() {
         scale_section(&mut s, plan, r);
@@ -270,10 +271,50 @@ pub fn render(
             }
         }
     }
-    for note in &r.notes {
-        let _ = writeln!(s, "{note}\n");
+    let notes = observations(plan, r);
+    if !notes.is_empty() || !r.notes.is_empty() {
+        let _ = writeln!(s, "## Observations (computed from this run)\n");
+        for note in notes.iter().chain(&r.notes) {
+            let _ = writeln!(s, "- {note}");
+        }
+        s.push('\n');
     }
     s
+}
+
+/// Facts the figures imply, stated where the run shows them.
+fn observations(plan: &Plan, r: &Results) -> Vec<String> {
+    let mut out = Vec::new();
+    let ceiling = Spread::of(&r.ceiling).median;
+    for case in &r.drain {
+        let classic = Spread::of(&rates(&case.classic)).median;
+        if ceiling > 0.0 && classic * 1.2 > ceiling {
+            out.push(format!(
+                "Drain, {}: the classic relay already reaches {:.0} % of the one-client confirm ceiling \
+                 ({classic:.0} of {ceiling:.0} ev/s), so 1.2× classic ({:.0} ev/s) lies above the ceiling: \
+                 on this broker the broker, not the relay design, bounds both.",
+                case_name(case),
+                classic / ceiling * 100.0,
+                classic * 1.2
+            ));
+        }
+    }
+    let trigger = r.producer.iter().find(|(l, _)| l.contains("NOTIFY"));
+    let untriggered = r.producer.iter().find(|(l, _)| l.contains("disabled"));
+    if let (Some((_, with)), Some((_, without))) = (trigger, untriggered)
+        && *with < f64::from(plan.rate)
+    {
+        out.push(format!(
+            "Producers: with outboxd's NOTIFY trigger, 16 connections commit {with:.0} one-event transactions/s; \
+             with the trigger disabled {without:.0}/s. PostgreSQL serializes the commits of transactions that \
+             NOTIFY (a cluster-wide lock taken before commit and held until after the WAL flush), so each such \
+             commit waits for the previous one's fsync and they cannot share a group commit. The latency scenario's \
+             {} ev/s, one event per transaction, cannot be produced against outboxd's table here; its latencies \
+             are measured at the rate the producer achieved (see the table).",
+            plan.rate
+        ));
+    }
+    out
 }
 
 fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
@@ -349,6 +390,22 @@ fn latency_section(s: &mut String, plan: &Plan, r: &Results) {
             case.runs.iter().map(|x| x.delivered).sum::<u64>(),
             case.runs.iter().map(|x| x.sent).sum::<u64>()
         );
+    }
+    s.push('\n');
+}
+
+fn producer_section(s: &mut String, r: &Results) {
+    if r.producer.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "Producer commit ceiling: 16 connections commit one-event transactions as fast as they can \
+         (the load the latency scenario asks for is one event per transaction):\n"
+    );
+    let _ = writeln!(s, "| table | commits/s |\n| --- | ---: |");
+    for (label, rate) in &r.producer {
+        let _ = writeln!(s, "| {label} | {rate:.0} |");
     }
     s.push('\n');
 }

@@ -120,6 +120,8 @@ pub struct Results {
     pub commands: Vec<String>,
     pub payload_bytes: usize,
     pub notes: Vec<String>,
+    /// One-event transactions per second from 16 connections, per table kind.
+    pub producer: Vec<(String, f64)>,
 }
 
 pub struct Ctx {
@@ -147,7 +149,11 @@ impl Ctx {
             std::process::id(),
             stamp % 100_000_000
         );
-        let rabbit = Rabbit::setup(&args.amqp_url, &prefix.replace('_', "-")).await?;
+        let rabbit = Rabbit::setup(
+            &args.amqp_url,
+            &prefix.trim_start_matches("outbox_bench_").replace('_', "-"),
+        )
+        .await?;
         let steps = steps(plan);
         let ctx = Self {
             args: args.clone(),
@@ -246,7 +252,7 @@ fn steps(plan: &Plan) -> u64 {
         n += reps * (1 + 2 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
     }
     if plan.latency {
-        n += reps * (1 + plan.poll_ms.len() as u64);
+        n += 1 + reps * (1 + plan.poll_ms.len() as u64);
     }
     if plan.scale {
         n += (plan.history.len() * plan.pending.len()) as u64 + 2;
@@ -285,6 +291,30 @@ pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
     Ok(results)
 }
 
+/// Runs `f` up to three times: other test suites share this broker and
+/// database, and some of them close every connection on the broker.
+async fn retried<T, F, Fut>(ctx: &Ctx, what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 1;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(err) if attempt < ATTEMPTS => {
+                ctx.progress.log(format!(
+                    "{what} failed ({err:#}); retrying ({attempt}/{ATTEMPTS})"
+                ));
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                attempt += 1;
+            }
+            Err(err) => return Err(err.context(format!("{what} failed {ATTEMPTS} times"))),
+        }
+    }
+}
+
 // ---------------------------------------------------------------- drain
 
 async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
@@ -306,7 +336,7 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
             rep + 1,
             plan.reps
         ));
-        let rate = ceiling(ctx, n).await?;
+        let rate = retried(ctx, "ceiling run", || ceiling(ctx, n)).await?;
         ctx.progress
             .log(format!("rep {} ceiling: {rate:.0} msg/s", rep + 1));
         results.ceiling.push(rate);
@@ -326,10 +356,14 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                     case.batch,
                     case.workers
                 ));
-                let run = match design {
-                    Design::Classic => drain_classic(ctx, n, case.batch, case.workers).await?,
-                    Design::Outboxd => drain_outboxd(ctx, n, case.batch, case.workers).await?,
-                };
+                let (batch, workers) = (case.batch, case.workers);
+                let run = retried(ctx, "drain run", || async move {
+                    match design {
+                        Design::Classic => drain_classic(ctx, n, batch, workers).await,
+                        Design::Outboxd => drain_outboxd(ctx, n, batch, workers).await,
+                    }
+                })
+                .await?;
                 ctx.progress.log(format!(
                     "rep {} drain {} b{} w{}: {:.0} ev/s, {:.4} xact/ev",
                     rep + 1,
@@ -441,6 +475,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     let deadline = drain_deadline(n);
     let started = Instant::now();
     let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     let handles = start_classic(
         ctx,
         db_name,
@@ -603,6 +638,10 @@ async fn latency(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Resul
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    ctx.progress.doing("latency: producer commit ceiling");
+    let secs = if plan.quick { 2 } else { 5 };
+    results.producer = retried(ctx, "producer ceiling", || producer_ceiling(ctx, secs)).await?;
+    ctx.progress.done_step();
     let count = cases.len();
     for rep in 0..plan.reps {
         for k in 0..count {
@@ -616,7 +655,11 @@ async fn latency(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Resul
                 plan.latency_secs,
                 case.label()
             ));
-            let (run, hist) = latency_run(ctx, plan, case.design, case.poll_ms).await?;
+            let (design, poll_ms) = (case.design, case.poll_ms);
+            let (run, hist) = retried(ctx, "latency run", || {
+                latency_run(ctx, plan, design, poll_ms)
+            })
+            .await?;
             ctx.progress.log(format!(
                 "rep {} latency {}: p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms at {:.0}/s",
                 rep + 1,
@@ -637,6 +680,110 @@ async fn latency(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Resul
 
 const UNSET: u64 = u64::MAX;
 
+/// The producer's statement: one event, its own transaction.
+fn insert_sql(shape: Shape) -> &'static str {
+    match shape {
+        Shape::Outboxd => {
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) \
+             VALUES ($1, $2, 'order.paid', $3::jsonb)"
+        }
+        Shape::Classic => {
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) \
+             VALUES ($1, $2::uuid, 'order.paid', $3::jsonb)"
+        }
+    }
+}
+
+/// How many one-event transactions 16 producer connections commit per second
+/// when they go as fast as they can: the classic table, outboxd's table, and
+/// outboxd's table with its NOTIFY trigger disabled (to show what it costs).
+async fn producer_ceiling(ctx: &Ctx, secs: u64) -> anyhow::Result<Vec<(String, f64)>> {
+    let cases = [
+        ("classic table", &ctx.db_classic, Shape::Classic, true),
+        (
+            "outboxd table (NOTIFY trigger)",
+            &ctx.db_outboxd,
+            Shape::Outboxd,
+            true,
+        ),
+        (
+            "outboxd table, trigger disabled for this test",
+            &ctx.db_outboxd,
+            Shape::Outboxd,
+            false,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (label, db_name, shape, trigger) in cases {
+        prepare_backlog(ctx, db_name, shape, 0).await?;
+        let url = ctx.url(db_name)?;
+        let mut admin = db::connect(&url).await?;
+        if !trigger {
+            sqlx::query("ALTER TABLE outbox DISABLE TRIGGER outboxd_notify")
+                .execute(&mut admin)
+                .await
+                .context("disabling the notify trigger")?;
+        }
+        let count = Arc::new(AtomicU64::new(0));
+        let mut conns = Vec::new();
+        for _ in 0..16 {
+            conns.push(db::connect(&url).await?);
+        }
+        let started = Instant::now();
+        let stop_at = started + Duration::from_secs(secs);
+        let mut tasks = Vec::new();
+        for (j, mut conn) in conns.into_iter().enumerate() {
+            let count = Arc::clone(&count);
+            tasks.push(tokio::spawn(async move {
+                for i in 0..10_000_000u64 {
+                    if Instant::now() >= stop_at {
+                        break;
+                    }
+                    let n = i * 16 + j as u64;
+                    sqlx::query(insert_sql(shape))
+                        .bind(uuid::Uuid::new_v4())
+                        .bind(uuid::Uuid::from_u128(u128::from(n % 5000) + 1).to_string())
+                        .bind(db::payload(n))
+                        .execute(&mut conn)
+                        .await
+                        .context("producer INSERT")?;
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = conn.close().await;
+                anyhow::Ok(())
+            }));
+        }
+        let mut first_err = None;
+        for t in tasks {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    first_err.get_or_insert(err);
+                }
+                Err(join) => {
+                    first_err.get_or_insert(anyhow::anyhow!("producer panicked: {join}"));
+                }
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        if !trigger {
+            sqlx::query("ALTER TABLE outbox ENABLE TRIGGER outboxd_notify")
+                .execute(&mut admin)
+                .await
+                .context("re-enabling the notify trigger")?;
+        }
+        let _ = admin.close().await;
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        let rate = count.load(Ordering::Relaxed) as f64 / elapsed;
+        ctx.progress
+            .log(format!("producer ceiling, {label}: {rate:.0} commits/s"));
+        out.push((label.to_owned(), rate));
+    }
+    Ok(out)
+}
+
 async fn latency_run(
     ctx: &Ctx,
     plan: &Plan,
@@ -654,12 +801,17 @@ async fn latency_run(
         Arc::new((0..total_usize).map(|_| AtomicU64::new(UNSET)).collect());
     let delivered: Arc<Vec<AtomicU64>> =
         Arc::new((0..total_usize).map(|_| AtomicU64::new(UNSET)).collect());
-    let hard_stop = Instant::now() + Duration::from_secs(plan.latency_secs * 3 + 90);
+    // A producer that cannot keep the schedule stops after this; what it
+    // committed is still measured, and the achieved rate is reported.
+    let produce_for = plan.latency_secs + (plan.latency_secs / 2).max(10);
+    let produce_until = Instant::now() + Duration::from_secs(1 + produce_for);
+    let hard_stop = produce_until + Duration::from_secs(40);
 
     // The design under test.
     let mut procs_running = Vec::new();
     let mut classic_workers = None;
     let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     match design {
         Design::Outboxd => {
             let (outboxd, addr) =
@@ -723,7 +875,7 @@ async fn latency_run(
     let consume = {
         let delivered = Arc::clone(&delivered);
         let received = Arc::clone(&received);
-        tokio::spawn(async move {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
             for _ in 0..(total * 2 + 10) {
                 let next = tokio::time::timeout_at(hard_stop, consumer.next()).await;
                 let Ok(Some(Ok(delivery))) = next else { break };
@@ -739,20 +891,13 @@ async fn latency_run(
                     }
                 }
             }
-        })
+        }))
     };
 
     // The producer: one event per transaction, on a fixed schedule, spread
     // over a few connections so one slow commit does not delay the next.
     const PRODUCERS: u64 = 16;
-    let insert = match shape {
-        Shape::Outboxd => {
-            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, 'order.paid', $3::jsonb)"
-        }
-        Shape::Classic => {
-            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2::uuid, 'order.paid', $3::jsonb)"
-        }
-    };
+    let insert = insert_sql(shape);
     let url = ctx.url(db_name)?;
     let mut producers = Vec::new();
     let interval_us = 1_000_000.0 / f64::from(plan.rate);
@@ -764,7 +909,7 @@ async fn latency_run(
             while i < total {
                 let due = t0 + Duration::from_micros((i as f64 * interval_us) as u64);
                 tokio::time::sleep_until(due.into()).await;
-                if Instant::now() >= hard_stop {
+                if Instant::now() >= produce_until {
                     break;
                 }
                 let aggregate = uuid::Uuid::from_u128(u128::from(i % 5000) + 1).to_string();
