@@ -139,11 +139,22 @@ impl Rabbit {
         want: u64,
         deadline: tokio::time::Instant,
     ) -> anyhow::Result<bool> {
+        // A publisher that died (another suite closing every broker
+        // connection) leaves the depth still: fail early, the run is retried.
+        const STALL: std::time::Duration = std::time::Duration::from_secs(30);
+        let mut last = (u64::MAX, tokio::time::Instant::now());
         for _ in 0..1_000_000 {
-            if self.depth().await? >= want {
+            let depth = self.depth().await?;
+            if depth >= want {
                 return Ok(true);
             }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if depth != last.0 {
+                last = (depth, now);
+            } else if now.duration_since(last.1) >= STALL {
+                bail!("the queue stayed at {depth} of {want} messages for {STALL:?}");
+            }
+            if now >= deadline {
                 return Ok(false);
             }
             tokio::time::sleep(crate::POLL).await;
