@@ -175,6 +175,13 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_POLL_INTERVAL", value_parser = parse_duration, default_value = "500ms")]
     pub poll_interval: Duration,
 
+    /// While inserts keep arriving, how often the table's sequence is probed for
+    /// waiting claimers instead of having producers NOTIFY (notifying
+    /// transactions commit one at a time). 0 disables it: the trigger then
+    /// always notifies.
+    #[arg(long, env = "OUTBOXD_PROBE_INTERVAL", value_parser = parse_duration, default_value = "2ms")]
+    pub probe_interval: Duration,
+
     /// How often published rows past retention are deleted.
     #[arg(long, env = "OUTBOXD_RETENTION_INTERVAL", value_parser = parse_duration, default_value = "1m")]
     pub retention_interval: Duration,
@@ -213,6 +220,7 @@ pub struct Config {
     pub migrate: bool,
     pub limits: Limits,
     pub poll_interval: Duration,
+    pub probe_interval: Duration,
     pub retention_interval: Duration,
     pub retention_batch: u32,
     pub health_interval: Duration,
@@ -328,6 +336,7 @@ impl ServeArgs {
                 ..Limits::default()
             },
             poll_interval: self.poll_interval,
+            probe_interval: self.probe_interval,
             retention_interval: self.retention_interval,
             retention_batch: self.retention_batch,
             health_interval: self.health_interval,

@@ -9,7 +9,8 @@
 //! Layers, dependencies pointing inward:
 //! - [`lease`]: the rules (ids, limits, backoff, outcomes), no I/O;
 //! - [`store`]: all SQL, per configured outbox;
-//! - [`service`] and [`wakeup`]: the use cases, and long-poll fan-out from NOTIFY;
+//! - [`service`], [`wakeup`] and [`watch`]: the use cases, and long-poll fan-out
+//!   from NOTIFY or, while inserts keep arriving, from the table's sequence;
 //! - [`grpc`]: validation, conversions and the one status mapping;
 //! - [`server`]: the composition root, with [`config`], [`shutdown`], [`telemetry`].
 
@@ -26,5 +27,6 @@ pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 pub mod wakeup;
+pub mod watch;
 
 pub use error::Error;

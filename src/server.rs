@@ -24,6 +24,7 @@ use crate::{
     service::OutboxService,
     store::{AdoptMode, PgStore},
     wakeup::{self, Wakeup},
+    watch::{self, WatchSettings},
 };
 
 /// The schema migrations, embedded in the binary.
@@ -167,6 +168,18 @@ impl Server {
             notifications,
             background.clone(),
         ));
+        for outbox in store.specs().map(|s| s.name.clone()) {
+            tasks.spawn(watch::watch(
+                store.clone(),
+                Arc::clone(&wakeup),
+                outbox,
+                WatchSettings {
+                    probe_interval: config.probe_interval,
+                    poll_interval: config.poll_interval,
+                },
+                background.clone(),
+            ));
+        }
         tasks.spawn(check_health(
             store.clone(),
             health.clone(),

@@ -18,6 +18,9 @@ use crate::{
     wakeup::Wakeup,
 };
 
+/// The first re-check after a wake-up that found nothing: about one commit.
+const FIRST_RECHECK: Duration = Duration::from_millis(2);
+
 #[derive(Debug, Clone)]
 pub struct OutboxService {
     store: PgStore,
@@ -49,6 +52,10 @@ impl OutboxService {
         let deadline = Instant::now() + req.wait;
         let outbox = req.outbox.as_str();
         let mut woken = false;
+        // After a woken claim found nothing: the insert that woke it may not have
+        // committed yet (the sequence moves at insert time), so look again soon,
+        // backing off towards the poll interval.
+        let mut recheck: Option<Duration> = None;
         loop {
             // Join the queue before claiming: an insert committed between an empty
             // claim and the registration would otherwise wait for the next poll.
@@ -81,7 +88,10 @@ impl OutboxService {
             let tick = self
                 .poll_interval
                 .mul_f64(rand::rng().random_range(0.8..1.2));
-            let nap = tick.min(deadline - now);
+            if woken || recheck.is_some() {
+                recheck = Some(recheck.map_or(FIRST_RECHECK, |d| d * 2)).filter(|d| *d < tick);
+            }
+            let nap = recheck.unwrap_or(tick).min(deadline - now);
             woken = tokio::select! {
                 () = self.stopping.cancelled() => return Ok(batch),
                 () = registration.woken() => true,

@@ -6,6 +6,9 @@
 //! herd of empty claims is what a busy queue can least afford. Notifications are
 //! not durable, so waiters also poll; a reconnect wakes everyone once, because
 //! notifications may have been lost while the connection was down.
+//!
+//! While inserts keep arriving, the trigger stays silent (see `watch`) and the
+//! watcher wakes waiters here instead, from the table's sequence.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -35,6 +38,13 @@ struct Waiter {
 #[derive(Debug, Default)]
 struct Queue(VecDeque<Waiter>);
 
+/// One outbox's waiters, and the signal that rows arrived (for the watcher).
+#[derive(Debug, Default)]
+struct Outbox {
+    queue: Mutex<Queue>,
+    activity: tokio::sync::Notify,
+}
+
 impl Queue {
     /// Wakes waiters, oldest first, until their capacity covers `rows`. Waiters
     /// that already went away do not count.
@@ -63,7 +73,7 @@ impl Queue {
 /// Waiting claimers, by outbox.
 #[derive(Debug, Default)]
 pub struct Wakeup {
-    queues: HashMap<String, Mutex<Queue>>,
+    queues: HashMap<String, Outbox>,
     next_id: AtomicU64,
 }
 
@@ -72,7 +82,7 @@ impl Wakeup {
         Arc::new(Self {
             queues: outboxes
                 .into_iter()
-                .map(|name| (name, Mutex::default()))
+                .map(|name| (name, Outbox::default()))
                 .collect(),
             next_id: AtomicU64::new(0),
         })
@@ -103,10 +113,28 @@ impl Wakeup {
         self.with_queue(outbox, |q| q.wake(rows)).unwrap_or(0)
     }
 
+    /// A notification arrived for `outbox`: wake waiters, and tell its watcher
+    /// that inserts are coming in.
+    pub fn notified(&self, outbox: &str, rows: u64) -> usize {
+        if let Some(o) = self.queues.get(outbox) {
+            o.activity.notify_one();
+        }
+        self.notify(outbox, rows)
+    }
+
+    /// Resolves at the next notification for `outbox` (or at once if one came
+    /// since the last call).
+    pub async fn activity(&self, outbox: &str) {
+        match self.queues.get(outbox) {
+            Some(o) => o.activity.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
     pub fn notify_all(&self) -> usize {
         self.queues
             .values()
-            .map(|q| q.lock().map(|mut q| q.wake_all()).unwrap_or(0))
+            .map(|o| o.queue.lock().map(|mut q| q.wake_all()).unwrap_or(0))
             .sum()
     }
 
@@ -116,7 +144,7 @@ impl Wakeup {
     }
 
     fn with_queue<T>(&self, outbox: &str, f: impl FnOnce(&mut Queue) -> T) -> Option<T> {
-        let queue = self.queues.get(outbox)?;
+        let queue = &self.queues.get(outbox)?.queue;
         // A poisoned lock only means a panic elsewhere mid-push; the queue is intact.
         let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
         Some(f(&mut queue))
@@ -212,7 +240,7 @@ pub async fn listen(
                 Ok(Some(notification)) => match parse_payload(notification.payload()) {
                     Some((table, rows)) => {
                         for outbox in store.outboxes_of(&table) {
-                            wakeup.notify(&outbox, rows);
+                            wakeup.notified(&outbox, rows);
                         }
                     }
                     None => {

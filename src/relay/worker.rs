@@ -1,8 +1,14 @@
 //! One in-flight slot: claim (long-poll) → publish with confirms → ack the
 //! confirmed, nack the rest → again. Never acks what the broker did not confirm.
+//!
+//! The settle calls of a batch run while the slot claims and publishes the next
+//! one: the ack round trip is off the critical path, so one slot keeps the broker
+//! busy instead of waiting on outboxd twice per batch. At most one batch per slot
+//! is being settled at a time, so settling can never fall behind without bound.
 
 use std::{
     collections::BTreeMap,
+    future::Future,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -10,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
@@ -89,12 +95,24 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
 
     /// Runs until `stop`; a batch already claimed is published and settled first.
     pub async fn run(mut self, stop: CancellationToken) {
+        let mut settling: Option<JoinHandle<()>> = None;
+        self.claim_loop(&stop, &mut settling).await;
+        if let Some(previous) = settling {
+            let _ = previous.await;
+        }
+    }
+
+    async fn claim_loop(
+        &mut self,
+        stop: &CancellationToken,
+        settling: &mut Option<JoinHandle<()>>,
+    ) {
         let mut failures = 0u32;
         while !stop.is_cancelled() {
             if self.publisher.ready().await.is_err() {
                 failures += 1;
                 let delay = RETRY.delay(failures, &mut rand::rng());
-                if pause(&stop, delay).await {
+                if pause(stop, delay).await {
                     break;
                 }
                 continue;
@@ -117,15 +135,21 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
                     }
                     failures += 1;
                     let delay = RETRY.delay(failures, &mut rand::rng());
-                    if pause(&stop, delay).await {
+                    if pause(stop, delay).await {
                         break;
                     }
                     continue;
                 }
             };
-            if !batch.messages.is_empty() {
-                self.relay(batch).await;
+            if batch.messages.is_empty() {
+                continue;
             }
+            let settle = self.relay(batch).await;
+            if let Some(previous) = settling.take() {
+                // Normally long done: one ack round trip against a whole publish.
+                let _ = previous.await;
+            }
+            *settling = Some(tokio::spawn(settle));
         }
     }
 
@@ -139,9 +163,12 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         }
     }
 
-    /// Publishes one claimed batch, extending its lease while that runs long,
-    /// then acks what the broker confirmed and nacks the rest.
-    async fn relay(&mut self, batch: pb::ClaimBatchResponse) {
+    /// Publishes one claimed batch, extending its lease while that runs long, and
+    /// returns the settle calls: ack what the broker confirmed, nack the rest.
+    async fn relay(
+        &mut self,
+        batch: pb::ClaimBatchResponse,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let lease_id = batch.lease_id.clone();
         let half = self.settings.lease / 2;
         let deliveries = {
@@ -187,31 +214,51 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         }
 
         let give_up = Instant::now() + self.settings.lease * 2;
-        if !acks.is_empty() {
-            let count = acks.len();
-            let req = pb::AckRequest {
-                outbox: self.settings.outbox.clone(),
-                lease_id: lease_id.clone(),
-                message_ids: acks,
-            };
-            if let Some(resp) = retry(give_up, || self.leases.ack(req.clone())).await {
-                report("ack", &lease_id, count, &resp.results);
-            }
+        settle(
+            self.leases.clone(),
+            Arc::clone(&self.settings),
+            lease_id,
+            acks,
+            nacks,
+            give_up,
+        )
+    }
+}
+
+/// Acks and nacks one published batch, retrying transient failures until
+/// `give_up`.
+async fn settle<L: Leases>(
+    leases: L,
+    settings: Arc<Settings>,
+    lease_id: String,
+    acks: Vec<String>,
+    nacks: BTreeMap<(String, Option<Duration>), Vec<String>>,
+    give_up: Instant,
+) {
+    if !acks.is_empty() {
+        let count = acks.len();
+        let req = pb::AckRequest {
+            outbox: settings.outbox.clone(),
+            lease_id: lease_id.clone(),
+            message_ids: acks,
+        };
+        if let Some(resp) = retry(give_up, || leases.ack(req.clone())).await {
+            report("ack", &lease_id, count, &resp.results);
         }
-        for ((reason, retry_after), ids) in nacks {
-            tracing::warn!(lease_id = %lease_id, count = ids.len(), reason = %reason, "releasing unpublished messages");
-            let count = ids.len();
-            let req = pb::NackRequest {
-                outbox: self.settings.outbox.clone(),
-                lease_id: lease_id.clone(),
-                message_ids: ids,
-                error: reason,
-                retry_after: retry_after.map(proto_duration),
-                dead_letter: false,
-            };
-            if let Some(resp) = retry(give_up, || self.leases.nack(req.clone())).await {
-                report("nack", &lease_id, count, &resp.results);
-            }
+    }
+    for ((reason, retry_after), ids) in nacks {
+        tracing::warn!(lease_id = %lease_id, count = ids.len(), reason = %reason, "releasing unpublished messages");
+        let count = ids.len();
+        let req = pb::NackRequest {
+            outbox: settings.outbox.clone(),
+            lease_id: lease_id.clone(),
+            message_ids: ids,
+            error: reason,
+            retry_after: retry_after.map(proto_duration),
+            dead_letter: false,
+        };
+        if let Some(resp) = retry(give_up, || leases.nack(req.clone())).await {
+            report("nack", &lease_id, count, &resp.results);
         }
     }
 }

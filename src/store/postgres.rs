@@ -7,7 +7,10 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgPool, Row, postgres::PgRow};
+use sqlx::{
+    AssertSqlSafe, PgPool, Row,
+    postgres::{PgRow, types::Oid},
+};
 use uuid::Uuid;
 
 use super::{
@@ -22,11 +25,19 @@ use crate::{
     outbox::{OutboxSpec, TableRef},
 };
 
+const WATCH: &str = include_str!("queries/watch.sql");
+const PROBE: &str = include_str!("queries/probe.sql");
+const MARK_QUIET: &str = include_str!("queries/mark_quiet.sql");
+
 /// One configured outbox with its prepared SQL.
 #[derive(Debug)]
 struct Outbox {
     spec: OutboxSpec,
     sql: Statements,
+    /// The table's oid: the key of its quiet mark.
+    relid: Oid,
+    /// The sequence behind the table's seq column.
+    sequence: Oid,
 }
 
 /// The PostgreSQL store. Cheap to clone; all clones share one pool.
@@ -47,11 +58,17 @@ impl PgStore {
         for spec in specs {
             adopt::adopt(&pool, &spec.table, mode).await?;
             let sql = Statements::new(&spec.table, spec.policy.retention.is_zero());
+            let ids = sqlx::query(WATCH)
+                .bind(spec.table.quoted())
+                .fetch_one(&pool)
+                .await?;
             outboxes.insert(
                 spec.name.clone(),
                 Outbox {
                     spec: spec.clone(),
                     sql,
+                    relid: ids.try_get("relid")?,
+                    sequence: ids.try_get("sequence")?,
                 },
             );
         }
@@ -222,6 +239,27 @@ impl PgStore {
             .fetch_one(&self.pool)
             .await?;
         stats_of(&row)
+    }
+
+    /// The outbox table's sequence position: it moves with every insert.
+    pub async fn sequence(&self, outbox: &str) -> Result<i64, StoreError> {
+        let outbox = self.outbox(outbox)?;
+        Ok(sqlx::query_scalar(PROBE)
+            .bind(outbox.sequence)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Asks the table's trigger not to NOTIFY for `period`, while this server
+    /// probes the sequence itself.
+    pub async fn mark_quiet(&self, outbox: &str, period: Duration) -> Result<(), StoreError> {
+        let outbox = self.outbox(outbox)?;
+        sqlx::query(MARK_QUIET)
+            .bind(outbox.relid)
+            .bind(period.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Deletes up to `limit` published rows older than the outbox's retention.
