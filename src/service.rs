@@ -20,6 +20,9 @@ use crate::{
 
 /// The first re-check after a wake-up that found nothing: about one commit.
 const FIRST_RECHECK: Duration = Duration::from_millis(2);
+/// Re-checks double up to this, then the poll interval takes over: a
+/// transaction that has not committed by then is left to it.
+const LAST_RECHECK: Duration = Duration::from_millis(64);
 
 #[derive(Debug, Clone)]
 pub struct OutboxService {
@@ -89,7 +92,8 @@ impl OutboxService {
                 .poll_interval
                 .mul_f64(rand::rng().random_range(0.8..1.2));
             if woken || recheck.is_some() {
-                recheck = Some(recheck.map_or(FIRST_RECHECK, |d| d * 2)).filter(|d| *d < tick);
+                recheck = Some(recheck.map_or(FIRST_RECHECK, |d| d * 2))
+                    .filter(|d| *d <= LAST_RECHECK && *d < tick);
             }
             let nap = recheck.unwrap_or(tick).min(deadline - now);
             woken = tokio::select! {

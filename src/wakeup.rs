@@ -43,6 +43,9 @@ struct Queue(VecDeque<Waiter>);
 struct Outbox {
     queue: Mutex<Queue>,
     activity: tokio::sync::Notify,
+    /// The watcher is probing the sequence: it wakes waiters itself, so a
+    /// notification only tells it that inserts arrive (no waiter woken twice).
+    watched: std::sync::atomic::AtomicBool,
 }
 
 impl Queue {
@@ -116,10 +119,21 @@ impl Wakeup {
     /// A notification arrived for `outbox`: wake waiters, and tell its watcher
     /// that inserts are coming in.
     pub fn notified(&self, outbox: &str, rows: u64) -> usize {
-        if let Some(o) = self.queues.get(outbox) {
-            o.activity.notify_one();
+        let Some(o) = self.queues.get(outbox) else {
+            return 0;
+        };
+        o.activity.notify_one();
+        if o.watched.load(Ordering::SeqCst) {
+            return 0;
         }
         self.notify(outbox, rows)
+    }
+
+    /// Set while the watcher of `outbox` probes its sequence.
+    pub fn set_watched(&self, outbox: &str, watched: bool) {
+        if let Some(o) = self.queues.get(outbox) {
+            o.watched.store(watched, Ordering::SeqCst);
+        }
     }
 
     /// Resolves at the next notification for `outbox` (or at once if one came

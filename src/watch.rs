@@ -11,9 +11,11 @@
 //! - **busy**: it marks the table quiet (the trigger then skips `pg_notify`),
 //!   renews the mark while the sequence keeps moving, and probes the sequence
 //!   every `probe_interval` while claimers wait, waking them for the rows it
-//!   moved by. After [`IDLE_AFTER`] without an insert it stops renewing, and goes
-//!   idle only once a probe has started after its last mark ran out: an insert
-//!   that skipped NOTIFY under the mark moved the sequence before that probe.
+//!   moved by (notifications then wake nobody, so no waiter is woken twice).
+//!   After [`IDLE_AFTER`] without an insert it stops renewing; once the mark
+//!   has run out it lets notifications wake waiters again and probes one last
+//!   time: an insert that skipped NOTIFY under the mark moved the sequence
+//!   before that probe.
 //!
 //! A probe can see an insert whose transaction has not committed yet; the woken
 //! claim then comes back empty and re-checks shortly (see `service`).
@@ -120,17 +122,39 @@ impl Busy<'_> {
             outbox = self.outbox,
             "inserts arriving: probing the sequence"
         );
+        self.wakeup.set_watched(self.outbox, true);
+        let result = self.probe(&mut last, cancel).await;
+        self.wakeup.set_watched(self.outbox, false);
+        if !result? {
+            return Ok(None);
+        }
+        // Notifications wake waiters again from here on; what came in before,
+        // under the mark, this last probe (after the mark ran out) sees.
+        let value = self.store.sequence(self.outbox).await?;
+        if value > last {
+            self.wakeup
+                .notify(self.outbox, (value - last).unsigned_abs());
+        }
+        tracing::debug!(outbox = self.outbox, "no inserts: back to notifications");
+        Ok(Some(last.max(value)))
+    }
+
+    /// The busy loop: true once the table went quiet and the mark ran out,
+    /// false when cancelled.
+    async fn probe(
+        &self,
+        last: &mut i64,
+        cancel: &CancellationToken,
+    ) -> Result<bool, crate::store::StoreError> {
         let mut moved_at = Instant::now();
         // When the last mark runs out, by this clock; read after the mark was
         // written, so never earlier than the database's.
         let mut mark_ends: Option<Instant> = None;
-        let mut probed_at = Instant::now();
         loop {
             let now = Instant::now();
             let quiet = now.duration_since(moved_at) >= IDLE_AFTER;
-            if quiet && mark_ends.is_none_or(|end| probed_at >= end) {
-                tracing::debug!(outbox = self.outbox, "no inserts: back to notifications");
-                return Ok(Some(last));
+            if quiet && mark_ends.is_none_or(|end| now >= end) {
+                return Ok(true);
             }
             let renew = mark_ends.is_none_or(|end| end.saturating_duration_since(now) < MARK / 2);
             if !quiet && renew {
@@ -143,17 +167,16 @@ impl Busy<'_> {
                 UNWATCHED_PROBE.max(self.probe_interval)
             };
             tokio::select! {
-                () = cancel.cancelled() => return Ok(None),
+                () = cancel.cancelled() => return Ok(false),
                 () = tokio::time::sleep(nap) => {}
             }
-            probed_at = Instant::now();
             let value = self.store.sequence(self.outbox).await?;
-            if value > last {
+            if value > *last {
                 self.wakeup
-                    .notify(self.outbox, (value - last).unsigned_abs());
+                    .notify(self.outbox, (value - *last).unsigned_abs());
                 moved_at = Instant::now();
             }
-            last = last.max(value);
+            *last = (*last).max(value);
         }
     }
 }

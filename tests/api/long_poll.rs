@@ -1,9 +1,17 @@
-//! ClaimBatch with `wait`: woken by a committed insert (NOTIFY), not by the poll
-//! interval; empty at the deadline; and no stampede of waiters.
+//! ClaimBatch with `wait`: woken by a committed insert (NOTIFY, or the sequence
+//! probe while inserts keep arriving), not by the poll interval; empty at the
+//! deadline; and no stampede of waiters.
 
-use std::time::Instant;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
 
 use serde_json::json;
+use sqlx::postgres::PgListener;
 use uuid::Uuid;
 
 use crate::support::{
@@ -68,7 +76,13 @@ async fn a_waiting_claim_returns_an_empty_batch_at_its_deadline() {
 
 #[tokio::test]
 async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
-    let app = TestApp::spawn_with(slow_polling).await;
+    // Notifications alone: the sequence watcher can see an insert before its
+    // commit, and the re-check that follows would blur the count of claims.
+    let app = TestApp::spawn_with(|args| {
+        slow_polling(args);
+        args.set("--probe-interval", "0");
+    })
+    .await;
     app.listening().await;
     let claims = app.count_updates("public.outbox").await;
     let mut waiters = Vec::new();
@@ -172,4 +186,79 @@ async fn a_rolled_back_insert_wakes_no_waiting_claim() {
     assert!(batch.messages.is_empty());
     // The first claim, and the last look at the deadline: nothing in between.
     assert_eq!(claims.get().await, 2, "the rollback sent no notification");
+}
+
+#[tokio::test]
+async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters() {
+    let app = TestApp::spawn_with(slow_polling).await;
+    app.listening().await;
+    let notifications = Arc::new(AtomicUsize::new(0));
+    let mut listener = PgListener::connect_with(app.pool())
+        .await
+        .expect("listener");
+    listener.listen("outboxd").await.expect("LISTEN");
+    let counted = Arc::clone(&notifications);
+    let counter = tokio::spawn(async move {
+        while let Ok(Some(_)) = listener.try_recv().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+
+    // Twenty inserts 100 ms apart, each awaited by a long-polling claim: each
+    // is answered well before the 10 s poll interval, the first through a
+    // notification, the rest through the sequence probe.
+    let rounds = 20;
+    for round in 0..rounds {
+        let mut client = app.client.clone();
+        let waiter = tokio::spawn(async move {
+            let req = claim_request("", "w", 10, secs(30), secs(10));
+            client.claim_batch(req).await.map(|r| r.into_inner())
+        });
+        tokio::time::sleep(millis(100)).await;
+        let inserted = app.insert(1).await;
+        let committed = Instant::now();
+        let batch = within(secs(12), "the waiting claim", waiter)
+            .await
+            .expect("waiter task")
+            .expect("ClaimBatch");
+        assert_eq!(ids(&batch), strings(&inserted), "round {round}");
+        let latency = committed.elapsed();
+        assert!(
+            latency < secs(2),
+            "round {round}: answered {latency:?} after the commit"
+        );
+    }
+    let quiet: bool = sqlx::query_scalar(
+        "SELECT quiet_until > clock_timestamp() FROM outboxd_quiet WHERE relid = 'public.outbox'::regclass",
+    )
+    .fetch_one(app.pool())
+    .await
+    .expect("the table is marked quiet while inserts arrive");
+    assert!(quiet, "the quiet mark is renewed while inserts arrive");
+    let sent = notifications.load(Ordering::SeqCst);
+    assert!(
+        sent <= 3,
+        "{sent} of {rounds} inserts notified; the trigger stays quiet while outboxd probes"
+    );
+
+    // Once inserts stop, the mark runs out and the trigger notifies again.
+    wait_until(secs(10), "the quiet mark runs out", async || {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT NOT EXISTS (SELECT 1 FROM outboxd_quiet WHERE quiet_until > clock_timestamp())",
+        )
+        .fetch_one(app.pool())
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    tokio::time::sleep(millis(300)).await;
+    let before = notifications.load(Ordering::SeqCst);
+    app.insert(1).await;
+    wait_until(
+        secs(5),
+        "a notification after the mark ran out",
+        async || notifications.load(Ordering::SeqCst) > before,
+    )
+    .await;
+    counter.abort();
 }
