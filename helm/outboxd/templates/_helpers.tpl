@@ -165,6 +165,7 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "maxLease" "OUTBOXD_MAX_LEASE"
   "maxWait" "OUTBOXD_MAX_WAIT"
   "pollInterval" "OUTBOXD_POLL_INTERVAL"
+  "probeInterval" "OUTBOXD_PROBE_INTERVAL"
   "maxAttempts" "OUTBOXD_MAX_ATTEMPTS"
   "backoffBase" "OUTBOXD_BACKOFF_BASE"
   "backoffFactor" "OUTBOXD_BACKOFF_FACTOR"
