@@ -30,7 +30,7 @@ use clap::Parser;
 /// confirm ceiling. Uses the local PostgreSQL and RabbitMQ; creates and drops its
 /// own databases, exchange and queue.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "outbox-bench", version, about, long_about = None)]
+#[command(name = "outbox-bench", version)]
 pub struct Args {
     /// Small sizes, one repetition, no speed targets checked: a harness check for CI (< 2 min).
     #[arg(long)]
