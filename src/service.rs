@@ -22,7 +22,7 @@ use crate::{
 const FIRST_RECHECK: Duration = Duration::from_millis(2);
 /// Re-checks double up to this, then the poll interval takes over: a
 /// transaction that has not committed by then is left to it.
-const LAST_RECHECK: Duration = Duration::from_millis(64);
+const LAST_RECHECK: Duration = Duration::from_millis(256);
 
 #[derive(Debug, Clone)]
 pub struct OutboxService {

@@ -43,9 +43,6 @@ struct Queue(VecDeque<Waiter>);
 struct Outbox {
     queue: Mutex<Queue>,
     activity: tokio::sync::Notify,
-    /// The watcher is probing the sequence: it wakes waiters itself, so a
-    /// notification only tells it that inserts arrive (no waiter woken twice).
-    watched: std::sync::atomic::AtomicBool,
 }
 
 impl Queue {
@@ -117,23 +114,14 @@ impl Wakeup {
     }
 
     /// A notification arrived for `outbox`: wake waiters, and tell its watcher
-    /// that inserts are coming in.
+    /// that inserts are coming in. It wakes even while the watcher probes: a
+    /// probe may have counted that insert before it committed, and a second
+    /// wake-up costs one empty claim where a missed one costs a poll interval.
     pub fn notified(&self, outbox: &str, rows: u64) -> usize {
-        let Some(o) = self.queues.get(outbox) else {
-            return 0;
-        };
-        o.activity.notify_one();
-        if o.watched.load(Ordering::SeqCst) {
-            return 0;
+        if let Some(o) = self.queues.get(outbox) {
+            o.activity.notify_one();
         }
         self.notify(outbox, rows)
-    }
-
-    /// Set while the watcher of `outbox` probes its sequence.
-    pub fn set_watched(&self, outbox: &str, watched: bool) {
-        if let Some(o) = self.queues.get(outbox) {
-            o.watched.store(watched, Ordering::SeqCst);
-        }
     }
 
     /// Resolves at the next notification for `outbox` (or at once if one came

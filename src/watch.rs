@@ -11,11 +11,9 @@
 //! - **busy**: it marks the table quiet (the trigger then skips `pg_notify`),
 //!   renews the mark while the sequence keeps moving, and probes the sequence
 //!   every `probe_interval` while claimers wait, waking them for the rows it
-//!   moved by (notifications then wake nobody, so no waiter is woken twice).
-//!   After [`IDLE_AFTER`] without an insert it stops renewing; once the mark
-//!   has run out it lets notifications wake waiters again and probes one last
-//!   time: an insert that skipped NOTIFY under the mark moved the sequence
-//!   before that probe.
+//!   moved by. After [`IDLE_AFTER`] without an insert it stops renewing; once
+//!   the mark has run out it probes one last time (an insert that skipped
+//!   NOTIFY under the mark moved the sequence before that probe) and goes idle.
 //!
 //! A probe can see an insert whose transaction has not committed yet; the woken
 //! claim then comes back empty and re-checks shortly (see `service`).
@@ -56,50 +54,51 @@ pub async fn watch(
     if settings.probe_interval.is_zero() {
         return;
     }
-    let mut last = None;
+    if !store.has_sequence(&outbox) {
+        tracing::info!(
+            outbox,
+            "seq is not an identity column: waking claimers by notification only"
+        );
+        return;
+    }
     let mut failing = false;
+    let mut last = None;
     loop {
         let notified = tokio::select! {
             () = cancel.cancelled() => return,
             () = wakeup.activity(&outbox) => true,
             () = tokio::time::sleep(settings.poll_interval) => false,
         };
-        let value = match store.sequence(&outbox).await {
-            Ok(value) => value,
-            Err(err) => {
-                if !failing {
-                    tracing::warn!(outbox, error = %err, "cannot probe the outbox sequence; relying on notifications");
-                    failing = true;
-                }
-                continue;
-            }
-        };
-        failing = false;
-        let moved = last.map_or(0, |prev| value.saturating_sub(prev));
-        let first = last.is_none();
-        last = Some(value);
-        if moved == 0 && !(notified && first) {
-            // Nothing new: a tick, or a notification for rows already counted.
-            continue;
-        }
-        if !notified {
-            // Inserts that came without a notification (or whose one was lost).
-            wakeup.notify(&outbox, moved.unsigned_abs());
-        }
-        let watch = Busy {
+        let busy = Busy {
             store: &store,
             wakeup: &wakeup,
             outbox: &outbox,
             probe_interval: settings.probe_interval,
         };
-        match watch.run(value, &cancel).await {
-            Ok(Some(value)) => last = Some(value),
-            Ok(None) => return,
+        match busy.idle_check(&mut last, notified).await {
+            Ok(false) => continue,
+            Ok(true) => {}
             Err(err) => {
-                tracing::warn!(outbox, error = %err, "outbox sequence probe failed; relying on notifications");
+                report(&outbox, &err, &mut failing);
+                continue;
+            }
+        }
+        match busy.run(&mut last, &cancel).await {
+            Ok(true) => failing = false,
+            Ok(false) => return,
+            Err(err) => {
+                report(&outbox, &err, &mut failing);
                 last = None;
             }
         }
+    }
+}
+
+/// Logs the first failure of a run of them: a role that may not write the
+/// mark would otherwise log at every notification.
+fn report(outbox: &str, err: &crate::store::StoreError, failing: &mut bool) {
+    if !std::mem::replace(failing, true) {
+        tracing::warn!(outbox, error = %err, "cannot watch the outbox sequence; waking claimers by notification only");
     }
 }
 
@@ -111,41 +110,43 @@ struct Busy<'a> {
 }
 
 impl Busy<'_> {
-    /// Probes while inserts keep arriving; returns the last value seen, or
-    /// `None` when cancelled.
+    /// Idle: whether inserts are arriving. A tick that finds the sequence moved
+    /// wakes waiters for it (those inserts did not notify).
+    async fn idle_check(
+        &self,
+        last: &mut Option<i64>,
+        notified: bool,
+    ) -> Result<bool, crate::store::StoreError> {
+        let value = self.store.sequence(self.outbox).await?;
+        let moved = last.map_or(0, |prev| value.saturating_sub(prev));
+        let first = last.is_none();
+        *last = Some(value);
+        if moved == 0 && !(notified && first) {
+            // Nothing new: a tick, or a notification for rows already counted.
+            return Ok(false);
+        }
+        if !notified {
+            self.wakeup.notify(self.outbox, moved.unsigned_abs());
+        }
+        Ok(true)
+    }
+
+    /// Busy: probes while inserts keep arriving. True once the table went quiet
+    /// and the mark ran out (after a last probe), false when cancelled.
     async fn run(
         &self,
-        mut last: i64,
+        last: &mut Option<i64>,
         cancel: &CancellationToken,
-    ) -> Result<Option<i64>, crate::store::StoreError> {
+    ) -> Result<bool, crate::store::StoreError> {
         tracing::debug!(
             outbox = self.outbox,
             "inserts arriving: probing the sequence"
         );
-        self.wakeup.set_watched(self.outbox, true);
-        let result = self.probe(&mut last, cancel).await;
-        self.wakeup.set_watched(self.outbox, false);
-        if !result? {
-            return Ok(None);
-        }
-        // Notifications wake waiters again from here on; what came in before,
-        // under the mark, this last probe (after the mark ran out) sees.
-        let value = self.store.sequence(self.outbox).await?;
-        if value > last {
-            self.wakeup
-                .notify(self.outbox, (value - last).unsigned_abs());
-        }
-        tracing::debug!(outbox = self.outbox, "no inserts: back to notifications");
-        Ok(Some(last.max(value)))
-    }
-
-    /// The busy loop: true once the table went quiet and the mark ran out,
-    /// false when cancelled.
-    async fn probe(
-        &self,
-        last: &mut i64,
-        cancel: &CancellationToken,
-    ) -> Result<bool, crate::store::StoreError> {
+        let start = self.store.sequence(self.outbox).await?;
+        // `seen` tracks activity; `woken` how far waiters were woken for. A
+        // move seen while nobody waited stays owed until someone does, so a
+        // row counted before it committed still gets a claimer.
+        let (mut seen, mut woken) = (start, last.unwrap_or(start).min(start));
         let mut moved_at = Instant::now();
         // When the last mark runs out, by this clock; read after the mark was
         // written, so never earlier than the database's.
@@ -153,15 +154,16 @@ impl Busy<'_> {
         loop {
             let now = Instant::now();
             let quiet = now.duration_since(moved_at) >= IDLE_AFTER;
-            if quiet && mark_ends.is_none_or(|end| now >= end) {
-                return Ok(true);
-            }
-            let renew = mark_ends.is_none_or(|end| end.saturating_duration_since(now) < MARK / 2);
-            if !quiet && renew {
+            let expired = mark_ends.is_none_or(|end| now >= end);
+            if !quiet && mark_ends.is_none_or(|end| end.saturating_duration_since(now) < MARK / 2) {
                 self.store.mark_quiet(self.outbox, MARK).await?;
                 mark_ends = Some(Instant::now() + MARK);
             }
-            let nap = if self.wakeup.waiting(self.outbox) > 0 {
+            let nap = if quiet && expired {
+                // The last probe: after the mark ran out, so it sees every
+                // insert that skipped NOTIFY under it.
+                Duration::ZERO
+            } else if self.wakeup.waiting(self.outbox) > 0 {
                 self.probe_interval
             } else {
                 UNWATCHED_PROBE.max(self.probe_interval)
@@ -171,12 +173,23 @@ impl Busy<'_> {
                 () = tokio::time::sleep(nap) => {}
             }
             let value = self.store.sequence(self.outbox).await?;
-            if value > *last {
-                self.wakeup
-                    .notify(self.outbox, (value - *last).unsigned_abs());
+            if value > seen {
+                seen = value;
                 moved_at = Instant::now();
             }
-            *last = (*last).max(value);
+            if seen > woken
+                && self
+                    .wakeup
+                    .notify(self.outbox, (seen - woken).unsigned_abs())
+                    > 0
+            {
+                woken = seen;
+            }
+            *last = Some(seen);
+            if quiet && expired && value == seen && moved_at <= now {
+                tracing::debug!(outbox = self.outbox, "no inserts: back to notifications");
+                return Ok(true);
+            }
         }
     }
 }

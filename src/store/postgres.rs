@@ -36,8 +36,8 @@ struct Outbox {
     sql: Statements,
     /// The table's oid: the key of its quiet mark.
     relid: Oid,
-    /// The sequence behind the table's seq column.
-    sequence: Oid,
+    /// The sequence behind the table's seq column, when it can be probed.
+    sequence: Option<Oid>,
 }
 
 /// The PostgreSQL store. Cheap to clone; all clones share one pool.
@@ -241,11 +241,19 @@ impl PgStore {
         stats_of(&row)
     }
 
+    /// Whether the outbox table has a sequence the watcher can probe.
+    pub fn has_sequence(&self, outbox: &str) -> bool {
+        self.outbox(outbox).is_ok_and(|o| o.sequence.is_some())
+    }
+
     /// The outbox table's sequence position: it moves with every insert.
+    /// 0 for a table without a probeable sequence (see `has_sequence`).
     pub async fn sequence(&self, outbox: &str) -> Result<i64, StoreError> {
-        let outbox = self.outbox(outbox)?;
+        let Some(sequence) = self.outbox(outbox)?.sequence else {
+            return Ok(0);
+        };
         Ok(sqlx::query_scalar(PROBE)
-            .bind(outbox.sequence)
+            .bind(sequence)
             .fetch_one(&self.pool)
             .await?)
     }

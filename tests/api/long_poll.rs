@@ -11,7 +11,7 @@ use std::{
 };
 
 use serde_json::json;
-use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection, postgres::PgListener};
 use uuid::Uuid;
 
 use crate::support::{
@@ -261,4 +261,57 @@ async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters
     )
     .await;
     counter.abort();
+}
+
+#[tokio::test]
+async fn a_producer_needs_no_rights_on_the_quiet_mark() {
+    let app = TestApp::spawn_with(slow_polling).await;
+    let role: String = format!("p_{}", app.db.name).chars().take(60).collect();
+    app.db
+        .execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN;
+             REVOKE ALL ON SCHEMA public FROM PUBLIC;
+             GRANT USAGE ON SCHEMA public TO \"{role}\";
+             GRANT INSERT ON public.outbox TO \"{role}\";"
+        ))
+        .await;
+    let mut url = url::Url::parse(&app.db.url_via(app.db.upstream())).expect("test URL");
+    url.set_username(&role).expect("a URL with a user");
+    let mut producer = PgConnection::connect(url.as_str())
+        .await
+        .expect("connect as the producer role");
+    sqlx::raw_sql("SET search_path = pg_catalog")
+        .execute(&mut producer)
+        .await
+        .expect("search_path");
+    let insert = "INSERT INTO public.outbox (id, aggregate_id, event_type, payload) \
+                  VALUES (gen_random_uuid(), 'a', 'quiet.test', '{}')";
+
+    // Marked quiet, as a busy outboxd does, and not marked: the trigger reads
+    // the mark as its owner either way.
+    app.db
+        .execute(
+            "INSERT INTO outboxd_quiet VALUES ('public.outbox'::regclass, clock_timestamp() + interval '1 minute')
+             ON CONFLICT (relid) DO UPDATE SET quiet_until = excluded.quiet_until",
+        )
+        .await;
+    sqlx::raw_sql(insert)
+        .execute(&mut producer)
+        .await
+        .expect("insert while the table is marked quiet");
+    app.db.execute("DELETE FROM outboxd_quiet").await;
+    sqlx::raw_sql(insert)
+        .execute(&mut producer)
+        .await
+        .expect("insert while the trigger notifies");
+    let _ = producer.close().await;
+    assert_eq!(
+        app.db
+            .scalar_i64("SELECT count(*) FROM outbox WHERE event_type = 'quiet.test'")
+            .await,
+        2
+    );
+    app.db
+        .execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\";"))
+        .await;
 }
