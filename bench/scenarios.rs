@@ -21,7 +21,7 @@ use lapin::{
     types::FieldTable,
 };
 use outboxd::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
-use sqlx::{AssertSqlSafe, Connection as _, PgPool};
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
@@ -694,6 +694,34 @@ fn insert_sql(shape: Shape) -> &'static str {
     }
 }
 
+/// Commits event number `n` in a transaction of its own, as a producer does.
+async fn produce(conn: &mut PgConnection, shape: Shape, n: u64) -> anyhow::Result<()> {
+    sqlx::query(insert_sql(shape))
+        .bind(uuid::Uuid::new_v4())
+        .bind(uuid::Uuid::from_u128(u128::from(n % 5000) + 1).to_string())
+        .bind(db::payload(n))
+        .execute(conn)
+        .await
+        .context("producer INSERT")?;
+    Ok(())
+}
+
+/// Waits for every producer task; the first failure, if any.
+async fn first_failure(
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+) -> Option<anyhow::Error> {
+    let mut first = None;
+    for task in tasks {
+        let failure = match task.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(err)) => err,
+            Err(join) => anyhow::anyhow!("producer panicked: {join}"),
+        };
+        first.get_or_insert(failure);
+    }
+    first
+}
+
 /// How many one-event transactions 16 producer connections commit per second
 /// when they go as fast as they can: the classic table, outboxd's table, and
 /// outboxd's table with its NOTIFY trigger disabled (to show what it costs).
@@ -739,32 +767,14 @@ async fn producer_ceiling(ctx: &Ctx, secs: u64) -> anyhow::Result<Vec<(String, f
                     if Instant::now() >= stop_at {
                         break;
                     }
-                    let n = i * 16 + j as u64;
-                    sqlx::query(insert_sql(shape))
-                        .bind(uuid::Uuid::new_v4())
-                        .bind(uuid::Uuid::from_u128(u128::from(n % 5000) + 1).to_string())
-                        .bind(db::payload(n))
-                        .execute(&mut conn)
-                        .await
-                        .context("producer INSERT")?;
+                    produce(&mut conn, shape, i * 16 + j as u64).await?;
                     count.fetch_add(1, Ordering::Relaxed);
                 }
                 let _ = conn.close().await;
                 anyhow::Ok(())
             }));
         }
-        let mut first_err = None;
-        for t in tasks {
-            match t.await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => {
-                    first_err.get_or_insert(err);
-                }
-                Err(join) => {
-                    first_err.get_or_insert(anyhow::anyhow!("producer panicked: {join}"));
-                }
-            }
-        }
+        let first_err = first_failure(tasks).await;
         let elapsed = started.elapsed().as_secs_f64();
         if !trigger {
             sqlx::query("ALTER TABLE outbox ENABLE TRIGGER outboxd_notify")
@@ -897,7 +907,6 @@ async fn latency_run(
     // The producer: one event per transaction, on a fixed schedule, spread
     // over a few connections so one slow commit does not delay the next.
     const PRODUCERS: u64 = 16;
-    let insert = insert_sql(shape);
     let url = ctx.url(db_name)?;
     let mut producers = Vec::new();
     let interval_us = 1_000_000.0 / f64::from(plan.rate);
@@ -912,14 +921,7 @@ async fn latency_run(
                 if Instant::now() >= produce_until {
                     break;
                 }
-                let aggregate = uuid::Uuid::from_u128(u128::from(i % 5000) + 1).to_string();
-                sqlx::query(insert)
-                    .bind(uuid::Uuid::new_v4())
-                    .bind(aggregate)
-                    .bind(db::payload(i))
-                    .execute(&mut conn)
-                    .await
-                    .context("producer INSERT")?;
+                produce(&mut conn, shape, i).await?;
                 let at = u64::try_from(t0.elapsed().as_micros()).unwrap_or(UNSET - 1);
                 committed[usize::try_from(i)?].store(at, Ordering::Relaxed);
                 i += PRODUCERS;
@@ -928,18 +930,7 @@ async fn latency_run(
             anyhow::Ok(())
         }));
     }
-    let mut produce_err = None;
-    for p in producers {
-        match p.await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                produce_err.get_or_insert(err);
-            }
-            Err(join) => {
-                produce_err.get_or_insert(anyhow::anyhow!("producer panicked: {join}"));
-            }
-        }
-    }
+    let produce_err = first_failure(producers).await;
     // Everything committed should arrive within a few poll intervals.
     let settle_by = Instant::now() + Duration::from_secs(20);
     for _ in 0..10_000 {
