@@ -43,10 +43,22 @@ const PRODUCER_COLUMNS: &[(&str, &[&str])] = &[
 ];
 
 /// Index suffix and definition, `{table}` standing for the quoted table.
+///
+/// Pending rows are split by lease so that a claim never walks past rows it
+/// cannot take: fresh and released rows in delivery order, leased rows by
+/// expiry (a claim reads only the expired ones). One pending index in seq order
+/// made every claim heap-fetch every lease in flight ahead of the first free row.
+/// Each event still costs the same index writes: a row moves from the first to
+/// the second when claimed and leaves both when settled.
 const INDEXES: &[(&str, &str)] = &[
     (
-        "pending_idx",
-        "(seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+        "unleased_idx",
+        "(seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL",
+    ),
+    (
+        "leased_idx",
+        "(locked_until) WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+         AND locked_until IS NOT NULL",
     ),
     (
         "lease_idx",
@@ -61,6 +73,10 @@ const INDEXES: &[(&str, &str)] = &[
         "(dead_lettered_at) WHERE dead_lettered_at IS NOT NULL",
     ),
 ];
+
+/// Indexes earlier versions created and nothing reads any more: dropped once
+/// their replacements are valid, so producers stop paying for their upkeep.
+const OBSOLETE_INDEXES: &[&str] = &["pending_idx"];
 
 const TRIGGER: &str = "outboxd_notify";
 
@@ -225,6 +241,30 @@ async fn adopt_locked(
         sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
             .execute(&mut *conn)
             .await?;
+    }
+
+    if mode == AdoptMode::Create {
+        for suffix in OBSOLETE_INDEXES {
+            let name = table.object_name(suffix);
+            let present: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+                 WHERE i.indrelid = $1::regclass AND c.relname = $2)",
+            )
+            .bind(&quoted)
+            .bind(&name)
+            .fetch_one(&mut *conn)
+            .await?;
+            if present {
+                tracing::info!(%table, index = %name, "adopting table: dropping obsolete index");
+                let drop = format!(
+                    "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
+                    table.schema()
+                );
+                sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
     }
 
     let has_function: bool =

@@ -184,7 +184,7 @@ async fn a_classic_outbox_table_is_adopted_and_served() {
         "SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'legacy_outbox'",
     )
     .await;
-    assert_eq!(indexes, 5, "the primary key and the four outboxd indexes");
+    assert_eq!(indexes, 6, "the primary key and the five outboxd indexes");
 }
 
 #[tokio::test]
@@ -216,7 +216,7 @@ async fn a_second_server_adopts_the_same_table_idempotently() {
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
         )
         .await,
-        5
+        6
     );
 
     // Replicas share only the database: claim on one, settle on another.
@@ -284,7 +284,7 @@ async fn replicas_starting_together_adopt_the_table_once() {
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
         )
         .await,
-        5
+        6
     );
     let batch = replicas[0]
         .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
@@ -295,5 +295,81 @@ async fn replicas_starting_together_adopt_the_table_once() {
             .ack_in("legacy", &batch.lease_id, &ids(&batch))
             .await,
         [OK; 3]
+    );
+}
+
+/// Versions before the split kept one pending index in seq order; a start-up
+/// that may change the table builds the split indexes and drops the old one, a
+/// `--no-migrate` start asks for the migration.
+#[tokio::test]
+async fn the_pending_index_of_an_earlier_version_is_replaced() {
+    let legacy_outbox = classic_outbox().await;
+    let db = &legacy_outbox.db;
+    let first = TestApp::spawn_on(Arc::clone(db), legacy)
+        .await
+        .expect("the first server adopts");
+    let adopted = shape(db).await;
+    db.execute(
+        "DROP INDEX public.legacy_outbox_unleased_idx, public.legacy_outbox_leased_idx;
+         CREATE INDEX legacy_outbox_pending_idx ON public.legacy_outbox (seq)
+             WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+    )
+    .await;
+
+    let config = config_for(db, db.upstream(), |args| {
+        legacy(args);
+        args.flag("--no-migrate");
+    });
+    let refused = within(
+        secs(30),
+        "Server::build",
+        Server::build(config, &CancellationToken::new()),
+    )
+    .await;
+    let err = match refused {
+        Ok(_) => panic!("--no-migrate served a table without its claim indexes"),
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(err.contains("legacy_outbox_unleased_idx"), "{err}");
+
+    let upgraded = TestApp::spawn_on(Arc::clone(db), legacy)
+        .await
+        .expect("a server of this version upgrades the table");
+    assert_eq!(
+        shape(db).await,
+        adopted,
+        "the same shape as a fresh adoption"
+    );
+    let batch = upgraded
+        .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
+        .await;
+    assert_eq!(batch.messages.len(), 3);
+    assert_eq!(
+        first.ack_in("legacy", &batch.lease_id, &ids(&batch)).await,
+        [OK; 3]
+    );
+}
+
+/// The migration that creates the default outbox predates the split; start-up
+/// brings that table to the current indexes too.
+#[tokio::test]
+async fn the_default_outbox_has_the_split_pending_indexes() {
+    let app = TestApp::spawn().await;
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox' ORDER BY indexname",
+    )
+    .fetch_all(app.pool())
+    .await
+    .expect("list indexes");
+    assert_eq!(
+        names,
+        [
+            "outbox_dead_letter_idx",
+            "outbox_lease_idx",
+            "outbox_leased_idx",
+            "outbox_pkey",
+            "outbox_published_idx",
+            "outbox_unleased_idx",
+        ]
     );
 }

@@ -4,7 +4,11 @@
 -- A row past max attempts is dead-lettered instead of handed out, so a worker
 -- that crashes on a poison message cannot loop on it forever. The previous lease
 -- (if it expired unsettled) comes back too, so its lease span can be closed.
-WITH candidates AS (
+--
+-- Expired leases come first, oldest expiry first: they have waited longest. Each
+-- half reads only its own partial index, so leases in flight cost a claim
+-- nothing, and fresh rows are taken in seq order.
+WITH expired AS (
     SELECT id,
            lease_id   AS prev_lease_id,
            claimed_by AS prev_claimed_by,
@@ -13,11 +17,32 @@ WITH candidates AS (
     FROM {table}
     WHERE published_at IS NULL
       AND dead_lettered_at IS NULL
+      AND locked_until IS NOT NULL
+      AND locked_until <= now()
       AND available_at <= now()
-      AND (locked_until IS NULL OR locked_until <= now())
-    ORDER BY seq
+    ORDER BY locked_until
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+fresh AS (
+    SELECT id,
+           lease_id   AS prev_lease_id,
+           claimed_by AS prev_claimed_by,
+           claimed_at AS prev_claimed_at,
+           locked_until AS prev_locked_until
+    FROM {table}
+    WHERE published_at IS NULL
+      AND dead_lettered_at IS NULL
+      AND locked_until IS NULL
+      AND available_at <= now()
+    ORDER BY seq
+    LIMIT $1 - (SELECT count(*) FROM expired)
+    FOR UPDATE SKIP LOCKED
+),
+candidates AS (
+    SELECT * FROM expired
+    UNION ALL
+    SELECT * FROM fresh
 )
 UPDATE {table} AS o
 SET attempts         = CASE WHEN o.attempts >= $5 THEN o.attempts ELSE o.attempts + 1 END,

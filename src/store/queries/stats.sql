@@ -1,8 +1,18 @@
--- One pass over the pending rows (partial index), plus the history counts.
+-- One pass over the pending rows, read through the two partial indexes that hold
+-- them (unleased and leased), plus the history counts.
 -- {published_retained} counts published rows for GetStats; the metrics sampler,
 -- which runs every few seconds, skips that scan of the retained history.
 -- Ages are by the database clock. A row waiting out a nack backoff is not
 -- counted in the oldest pending age: nothing is stuck while it waits.
+WITH pending AS (
+    SELECT created_at, available_at, locked_until, claimed_at
+    FROM {table}
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL
+    UNION ALL
+    SELECT created_at, available_at, locked_until, claimed_at
+    FROM {table}
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NOT NULL
+)
 SELECT count(*) AS pending,
        count(*) FILTER (WHERE locked_until > now()) AS in_flight,
        coalesce(extract(epoch FROM now() - min(created_at)
@@ -12,5 +22,4 @@ SELECT count(*) AS pending,
            FILTER (WHERE locked_until > now())), 0)::float8 AS oldest_lease_secs,
        (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL) AS dead_lettered,
        {published_retained} AS published_retained
-FROM {table}
-WHERE published_at IS NULL AND dead_lettered_at IS NULL
+FROM pending
