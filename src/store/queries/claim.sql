@@ -6,7 +6,7 @@
 -- (if it expired unsettled) comes back too, so its lease span can be closed.
 --
 -- Expired leases come first, oldest expiry first: they have waited longest. Each
--- half reads only its own partial index, so leases in flight cost a claim
+-- part reads only its own partial index, so leases in flight cost a claim
 -- nothing, and fresh rows are taken in seq order.
 WITH expired AS (
     SELECT id,
@@ -36,13 +36,18 @@ fresh AS (
       AND locked_until IS NULL
       AND available_at <= now()
     ORDER BY seq
-    LIMIT $1 - (SELECT count(*) FROM expired)
+    LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
+-- CTEs run only as far as they are read: fresh rows are locked only to fill
+-- what the expired leases left of the batch. Every LIMIT is the plain $1 so the
+-- planner knows the batch is small (an unknown limit chose a hash join over a
+-- sequential scan of the whole table).
 candidates AS (
     SELECT * FROM expired
     UNION ALL
     SELECT * FROM fresh
+    LIMIT $1
 )
 UPDATE {table} AS o
 SET attempts         = CASE WHEN o.attempts >= $5 THEN o.attempts ELSE o.attempts + 1 END,
