@@ -94,6 +94,25 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
         .expect("count")
 }
 
+/// Builds a `--no-migrate` server on the legacy table and returns why it refused;
+/// `what` names the table's state for the failure message if it started.
+async fn refused_without_migrate(db: &TestDb, what: &str) -> String {
+    let config = config_for(db, db.upstream(), |args| {
+        legacy(args);
+        args.flag("--no-migrate");
+    });
+    let built = within(
+        secs(30),
+        "Server::build",
+        Server::build(config, &CancellationToken::new()),
+    )
+    .await;
+    match built {
+        Ok(_) => panic!("--no-migrate served {what}"),
+        Err(err) => format!("{err:#}"),
+    }
+}
+
 #[tokio::test]
 async fn a_classic_outbox_table_is_adopted_and_served() {
     let legacy_outbox = classic_outbox().await;
@@ -238,20 +257,7 @@ async fn no_migrate_refuses_an_unadopted_table_with_a_clear_error() {
     let legacy_outbox = classic_outbox().await;
     let db = &legacy_outbox.db;
     let before = shape(db).await;
-    let config = config_for(db, db.upstream(), |args| {
-        legacy(args);
-        args.flag("--no-migrate");
-    });
-    let built = within(
-        secs(30),
-        "Server::build",
-        Server::build(config, &CancellationToken::new()),
-    )
-    .await;
-    let err = match built {
-        Ok(_) => panic!("--no-migrate served a table outboxd has not adopted"),
-        Err(err) => format!("{err:#}"),
-    };
+    let err = refused_without_migrate(db, "a table outboxd has not adopted").await;
     assert!(
         err.contains("public.legacy_outbox"),
         "the error names the table: {err}"
@@ -316,20 +322,7 @@ async fn the_pending_index_of_an_earlier_version_is_replaced() {
     )
     .await;
 
-    let config = config_for(db, db.upstream(), |args| {
-        legacy(args);
-        args.flag("--no-migrate");
-    });
-    let refused = within(
-        secs(30),
-        "Server::build",
-        Server::build(config, &CancellationToken::new()),
-    )
-    .await;
-    let err = match refused {
-        Ok(_) => panic!("--no-migrate served a table without its claim indexes"),
-        Err(err) => format!("{err:#}"),
-    };
+    let err = refused_without_migrate(db, "a table without its claim indexes").await;
     assert!(err.contains("legacy_outbox_unleased_idx"), "{err}");
 
     let upgraded = TestApp::spawn_on(Arc::clone(db), legacy)
