@@ -212,14 +212,7 @@ async fn adopt_locked(
 
     for (suffix, definition) in INDEXES {
         let name = table.object_name(suffix);
-        let valid: Option<bool> = sqlx::query_scalar(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-             WHERE i.indrelid = $1::regclass AND c.relname = $2",
-        )
-        .bind(&quoted)
-        .bind(&name)
-        .fetch_optional(&mut *conn)
-        .await?;
+        let valid = index_valid(conn, &quoted, &name).await?;
         if valid == Some(true) {
             continue;
         }
@@ -246,15 +239,7 @@ async fn adopt_locked(
     if mode == AdoptMode::Create {
         for suffix in OBSOLETE_INDEXES {
             let name = table.object_name(suffix);
-            let present: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-                 WHERE i.indrelid = $1::regclass AND c.relname = $2)",
-            )
-            .bind(&quoted)
-            .bind(&name)
-            .fetch_one(&mut *conn)
-            .await?;
-            if present {
+            if index_valid(conn, &quoted, &name).await?.is_some() {
                 tracing::info!(%table, index = %name, "adopting table: dropping obsolete index");
                 let drop = format!(
                     "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
@@ -299,4 +284,21 @@ async fn adopt_locked(
             .await?;
     }
     Ok(())
+}
+
+/// Whether the table has the named index: `None` when absent, `Some(false)` when
+/// an interrupted `CREATE INDEX CONCURRENTLY` left it invalid.
+async fn index_valid(
+    conn: &mut PgConnection,
+    quoted: &str,
+    name: &str,
+) -> Result<Option<bool>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = $1::regclass AND c.relname = $2",
+    )
+    .bind(quoted)
+    .bind(name)
+    .fetch_optional(&mut *conn)
+    .await?)
 }
