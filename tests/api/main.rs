@@ -12,6 +12,7 @@ mod long_poll;
 mod nack;
 mod observability;
 mod outboxes;
+mod plans;
 mod relay;
 mod retention;
 mod shutdown;
