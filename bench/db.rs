@@ -38,6 +38,21 @@ pub async fn connect(url: &str) -> anyhow::Result<PgConnection> {
         .with_context(|| format!("connecting to PostgreSQL ({})", redact(url)))
 }
 
+/// A classic relay worker's connection. Its SELECT is prepared and its plan
+/// cached, as outboxd's are: planned on an empty table it would stay a
+/// sequential scan while the table grows, so the worker prices sequential
+/// scans out exactly as outboxd does, and the two designs are compared on
+/// the same plans.
+pub async fn connect_relay(url: &str) -> anyhow::Result<PgConnection> {
+    let opts: PgConnectOptions = url.parse().context("database URL")?;
+    let opts = opts
+        .application_name("outbox-bench classic relay")
+        .options([("enable_seqscan", "off")]);
+    PgConnection::connect_with(&opts)
+        .await
+        .with_context(|| format!("connecting to PostgreSQL ({})", redact(url)))
+}
+
 pub async fn pool(url: &str, size: u32) -> anyhow::Result<PgPool> {
     let opts: PgConnectOptions = url.parse().context("database URL")?;
     PgPoolOptions::new()

@@ -521,7 +521,7 @@ async fn start_classic(
     let url = ctx.url(db_name)?;
     let mut handles = Vec::new();
     for _ in 0..workers {
-        let db = db::connect(&url).await?;
+        let db = db::connect_relay(&url).await?;
         let settings = classic::Settings {
             batch,
             poll,
