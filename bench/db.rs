@@ -32,10 +32,7 @@ pub fn url_for(server_url: &str, database: &str) -> anyhow::Result<String> {
 }
 
 pub async fn connect(url: &str) -> anyhow::Result<PgConnection> {
-    let opts: PgConnectOptions = url.parse().context("database URL")?;
-    PgConnection::connect_with(&opts.application_name("outbox-bench"))
-        .await
-        .with_context(|| format!("connecting to PostgreSQL ({})", redact(url)))
+    connect_as(url, "outbox-bench", &[]).await
 }
 
 /// A classic relay worker's connection. Its SELECT is prepared and its plan
@@ -44,10 +41,23 @@ pub async fn connect(url: &str) -> anyhow::Result<PgConnection> {
 /// scans out exactly as outboxd does, and the two designs are compared on
 /// the same plans.
 pub async fn connect_relay(url: &str) -> anyhow::Result<PgConnection> {
+    connect_as(
+        url,
+        "outbox-bench classic relay",
+        &[("enable_seqscan", "off")],
+    )
+    .await
+}
+
+async fn connect_as(
+    url: &str,
+    application_name: &str,
+    settings: &[(&str, &str)],
+) -> anyhow::Result<PgConnection> {
     let opts: PgConnectOptions = url.parse().context("database URL")?;
     let opts = opts
-        .application_name("outbox-bench classic relay")
-        .options([("enable_seqscan", "off")]);
+        .application_name(application_name)
+        .options(settings.iter().copied());
     PgConnection::connect_with(&opts)
         .await
         .with_context(|| format!("connecting to PostgreSQL ({})", redact(url)))
