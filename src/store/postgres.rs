@@ -1,7 +1,7 @@
 //! `PgStore`: runs each outbox's statements on the shared pool.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -164,13 +164,36 @@ impl PgStore {
         Ok(batch)
     }
 
+    /// Settles the rows still held in one statement; only ids it did not
+    /// settle (lease lost, already settled, unknown) cost a second statement,
+    /// which locks and classifies them.
     pub async fn ack(&self, req: &AckRequest) -> Result<Settled, StoreError> {
         let outbox = self.outbox(req.outbox.as_str())?;
-        let rows = sqlx::query(AssertSqlSafe(outbox.sql.ack.clone()))
-            .bind(req.lease_id.as_uuid())
+        let lease = req.lease_id.as_uuid();
+        let mut rows = sqlx::query(AssertSqlSafe(outbox.sql.ack_held.clone()))
+            .bind(lease)
             .bind(uuids(&req.message_ids))
             .fetch_all(&self.pool)
             .await?;
+        let settled = rows
+            .iter()
+            .map(|row| row.try_get::<Uuid, _>("id"))
+            .collect::<Result<HashSet<_>, _>>()?;
+        let mut rest: Vec<Uuid> = uuids(&req.message_ids)
+            .into_iter()
+            .filter(|id| !settled.contains(id))
+            .collect();
+        rest.sort_unstable();
+        rest.dedup();
+        if !rest.is_empty() {
+            rows.extend(
+                sqlx::query(AssertSqlSafe(outbox.sql.ack.clone()))
+                    .bind(lease)
+                    .bind(rest)
+                    .fetch_all(&self.pool)
+                    .await?,
+            );
+        }
         settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
     }
 

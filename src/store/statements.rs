@@ -9,6 +9,8 @@ const CLAIM: &str = include_str!("queries/claim.sql");
 const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
 const ACK: &str = include_str!("queries/ack.sql");
 const ACK_DELETE: &str = include_str!("queries/ack_delete.sql");
+const ACK_HELD: &str = include_str!("queries/ack_held.sql");
+const ACK_HELD_DELETE: &str = include_str!("queries/ack_held_delete.sql");
 const NACK: &str = include_str!("queries/nack.sql");
 const EXTEND: &str = include_str!("queries/extend.sql");
 const STATS: &str = include_str!("queries/stats.sql");
@@ -22,6 +24,10 @@ const BY_LEASE: &str = "lease_id = $1::uuid AND published_at IS NULL AND dead_le
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
     pub claim: Arc<str>,
+    /// Ack of the rows still held: the one statement of a normal ack.
+    pub ack_held: Arc<str>,
+    /// Ack that locks and classifies every named row, for the ids `ack_held`
+    /// did not settle.
     pub ack: Arc<str>,
     pub nack: Arc<str>,
     pub extend: Arc<str>,
@@ -47,6 +53,11 @@ impl Statements {
         };
         Self {
             claim: build(CLAIM),
+            ack_held: build(if delete_on_ack {
+                ACK_HELD_DELETE
+            } else {
+                ACK_HELD
+            }),
             ack: settle(BY_ID, if delete_on_ack { ACK_DELETE } else { ACK }),
             nack: settle(BY_ID, NACK),
             extend: settle(BY_ID, EXTEND),
@@ -80,6 +91,7 @@ mod tests {
         let s = Statements::new(&table, false);
         for sql in [
             &s.claim,
+            &s.ack_held,
             &s.ack,
             &s.nack,
             &s.extend,
@@ -93,6 +105,9 @@ mod tests {
             assert!(!sql.contains("--"), "{sql}");
         }
         assert!(s.ack.contains("UPDATE"));
-        assert!(Statements::new(&table, true).ack.contains("DELETE"));
+        assert!(s.ack_held.contains("UPDATE"));
+        let deleting = Statements::new(&table, true);
+        assert!(deleting.ack.contains("DELETE"));
+        assert!(deleting.ack_held.contains("DELETE"));
     }
 }
