@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
     options::{
         BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
         QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
@@ -213,32 +214,46 @@ pub fn properties(m: &Msg) -> BasicProperties {
         .with_headers(headers)
 }
 
-/// Publishes every message (mandatory, persistent), then awaits every confirm.
-/// Fails unless the broker acked all of them.
+/// Queues every message (mandatory, persistent) before waiting for any, as
+/// outbox-relay does: lapin resolves a send once its I/O thread has written
+/// it, so one-at-a-time sends would cost a thread hand-off per message.
+/// `join_all` polls the sends in order, so they go out in order.
+pub async fn send_all(
+    ch: &Channel,
+    exchange: &str,
+    msgs: &[Msg],
+) -> anyhow::Result<Vec<PublisherConfirm>> {
+    let sends = msgs.iter().map(|m| {
+        ch.basic_publish(
+            exchange.into(),
+            m.event_type.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &m.payload,
+            properties(m),
+        )
+    });
+    futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|sent| sent.context("basic.publish"))
+        .collect()
+}
+
+/// Publishes every message, then awaits every confirm. Fails unless the
+/// broker acked all of them.
 pub async fn publish_confirmed(
     ch: &Channel,
     exchange: &str,
     batch: &[Msg],
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let mut pending = Vec::with_capacity(batch.len());
-    for m in batch {
-        let confirm = ch
-            .basic_publish(
-                exchange.into(),
-                m.event_type.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &m.payload,
-                properties(m),
-            )
-            .await
-            .context("basic.publish")?;
-        pending.push(confirm);
-    }
     let deadline = tokio::time::Instant::now() + timeout;
+    let pending = tokio::time::timeout_at(deadline, send_all(ch, exchange, batch))
+        .await
+        .context("sending to the broker timed out")??;
     for confirm in pending {
         match tokio::time::timeout_at(deadline, confirm).await {
             Err(_) => bail!("publisher confirm timed out"),

@@ -325,7 +325,7 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
         "Events per second from the start of the relay until every row is published and every message is in the queue. \
          Workers: classic relay workers (each its own DB connection and confirm channel) = `outbox-relay --concurrency` slots \
          (each its own confirm channel), one relay process. RabbitMQ confirm ceiling (one client, one channel, \
-         2 000 unconfirmed in flight, same messages): **{} msg/s**.\n",
+         sends queued 100 at a time, 2 000 unconfirmed in flight, same messages): **{} msg/s**.\n",
         ceiling.show(0)
     );
     let _ = writeln!(

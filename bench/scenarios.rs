@@ -15,11 +15,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use hdrhistogram::Histogram;
-use lapin::{
-    Confirmation,
-    options::{BasicConsumeOptions, BasicPublishOptions},
-    types::FieldTable,
-};
+use lapin::{Confirmation, options::BasicConsumeOptions, types::FieldTable};
 use outboxd::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use tokio::{sync::Mutex, time::Instant};
@@ -586,22 +582,13 @@ async fn ceiling(ctx: &Ctx, n: u64) -> anyhow::Result<f64> {
             Err(_) => bail!("ceiling: confirms did not arrive in time"),
         }
     };
-    for m in &msgs {
-        let confirm = ch
-            .basic_publish(
-                ctx.rabbit.exchange.as_str().into(),
-                m.event_type.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &m.payload,
-                rabbit::properties(m),
-            )
+    // Sent in chunks of 100, the drain's small batch, each queued whole.
+    for chunk in msgs.chunks(100) {
+        let sent = rabbit::send_all(&ch, &ctx.rabbit.exchange, chunk)
             .await
-            .context("ceiling: basic.publish")?;
-        window.push_back(confirm);
-        if window.len() > WINDOW
+            .context("ceiling")?;
+        window.extend(sent);
+        while window.len() > WINDOW
             && let Some(oldest) = window.pop_front()
         {
             settle(tokio::time::timeout_at(deadline, oldest).await)?;
