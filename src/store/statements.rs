@@ -10,7 +10,6 @@ const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
 const ACK: &str = include_str!("queries/ack.sql");
 const ACK_DELETE: &str = include_str!("queries/ack_delete.sql");
 const ACK_HELD: &str = include_str!("queries/ack_held.sql");
-const ACK_HELD_DELETE: &str = include_str!("queries/ack_held_delete.sql");
 const NACK: &str = include_str!("queries/nack.sql");
 const EXTEND: &str = include_str!("queries/extend.sql");
 const STATS: &str = include_str!("queries/stats.sql");
@@ -53,11 +52,14 @@ impl Statements {
         };
         Self {
             claim: build(CLAIM),
-            ack_held: build(if delete_on_ack {
-                ACK_HELD_DELETE
-            } else {
-                ACK_HELD
-            }),
+            ack_held: build(&ACK_HELD.replace(
+                "{settle}",
+                if delete_on_ack {
+                    "DELETE FROM {table} AS o"
+                } else {
+                    "UPDATE {table} AS o SET published_at = now(), locked_until = NULL"
+                },
+            )),
             ack: settle(BY_ID, if delete_on_ack { ACK_DELETE } else { ACK }),
             nack: settle(BY_ID, NACK),
             extend: settle(BY_ID, EXTEND),

@@ -4,9 +4,8 @@
 -- at its latest version before it is updated, so a row that lost the lease is
 -- simply not returned; the caller classifies such ids with the full ack.
 -- Returns the columns of the full ack. $1 lease id, $2 message ids.
-UPDATE {table} AS o
-SET published_at = now(),
-    locked_until = NULL
+-- {settle} marks the rows published, or deletes them under zero retention.
+{settle}
 WHERE o.id = ANY($2::uuid[])
   AND o.lease_id = $1::uuid
   AND o.published_at IS NULL
