@@ -170,19 +170,17 @@ impl PgStore {
     pub async fn ack(&self, req: &AckRequest) -> Result<Settled, StoreError> {
         let outbox = self.outbox(req.outbox.as_str())?;
         let lease = req.lease_id.as_uuid();
+        let ids = uuids(&req.message_ids);
         let mut rows = sqlx::query(AssertSqlSafe(outbox.sql.ack_held.clone()))
             .bind(lease)
-            .bind(uuids(&req.message_ids))
+            .bind(&ids)
             .fetch_all(&self.pool)
             .await?;
         let settled = rows
             .iter()
             .map(|row| row.try_get::<Uuid, _>("id"))
             .collect::<Result<HashSet<_>, _>>()?;
-        let mut rest: Vec<Uuid> = uuids(&req.message_ids)
-            .into_iter()
-            .filter(|id| !settled.contains(id))
-            .collect();
+        let mut rest: Vec<Uuid> = ids.into_iter().filter(|id| !settled.contains(id)).collect();
         rest.sort_unstable();
         rest.dedup();
         if !rest.is_empty() {
