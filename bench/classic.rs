@@ -29,6 +29,28 @@ pub struct Shared {
     pub statements: AtomicU64,
     pub batches: AtomicU64,
     pub published: AtomicU64,
+    /// Time spent in each part of the batch cycle, summed over batches that
+    /// carried messages: what one batch costs where, against outboxd's cycle.
+    pub select_nanos: AtomicU64,
+    pub publish_nanos: AtomicU64,
+    pub mark_nanos: AtomicU64,
+    pub sent_batches: AtomicU64,
+}
+
+impl Shared {
+    /// Mean milliseconds per batch of SELECT (with BEGIN), publish with
+    /// confirms, and UPDATE with COMMIT.
+    pub fn cycle_ms(&self) -> Option<[f64; 3]> {
+        let n = self.sent_batches.load(Ordering::Relaxed);
+        (n > 0).then(|| {
+            [&self.select_nanos, &self.publish_nanos, &self.mark_nanos]
+                .map(|t| t.load(Ordering::Relaxed) as f64 / n as f64 / 1e6)
+        })
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Stops the workers when dropped, so an error path never leaves them running.
@@ -65,6 +87,7 @@ pub async fn worker(
         if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
             break;
         }
+        let began = Instant::now();
         let mut tx = db.begin().await.context("BEGIN")?;
         let rows = sqlx::query(SELECT)
             .bind(limit)
@@ -87,15 +110,28 @@ pub async fn worker(
             });
             ids.push(id);
         }
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            tx.commit().await.context("COMMIT")?;
+        } else {
+            let publishing = Instant::now();
             rabbit::publish_confirmed(&ch, &s.exchange, &batch, Duration::from_secs(15)).await?;
+            let marking = Instant::now();
             sqlx::query(MARK)
                 .bind(&ids)
                 .execute(&mut *tx)
                 .await
                 .context("classic UPDATE published_at")?;
+            tx.commit().await.context("COMMIT")?;
+            let done = Instant::now();
+            for (total, d) in [
+                (&shared.select_nanos, publishing - began),
+                (&shared.publish_nanos, marking - publishing),
+                (&shared.mark_nanos, done - marking),
+            ] {
+                total.fetch_add(nanos(d), Ordering::Relaxed);
+            }
+            shared.sent_batches.fetch_add(1, Ordering::Relaxed);
         }
-        tx.commit().await.context("COMMIT")?;
         let statements = if batch.is_empty() { 3 } else { 4 };
         shared.statements.fetch_add(statements, Ordering::Relaxed);
         shared.batches.fetch_add(1, Ordering::Relaxed);

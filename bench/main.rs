@@ -12,6 +12,7 @@
 
 mod charts;
 mod classic;
+mod cpu;
 mod db;
 mod machine;
 mod procs;
@@ -19,6 +20,7 @@ mod progress;
 mod rabbit;
 mod report;
 mod scenarios;
+mod scrape;
 mod stats;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};

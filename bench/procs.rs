@@ -46,42 +46,14 @@ pub struct Usage {
     pub peak_rss_mib: f64,
 }
 
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|t| *t > 0.0)
-        .unwrap_or(100.0)
-}
-
 fn usage_of(pid: u32) -> anyhow::Result<Usage> {
-    let stat =
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let cpu_secs = (ticks(11) + ticks(12)) / clock_ticks();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .context("reading /proc/PID/status")?;
-    let hwm_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let process =
+        procfs::process::Process::new(i32::try_from(pid)?).context("opening /proc/PID")?;
+    let stat = process.stat().context("reading /proc/PID/stat")?;
+    let status = process.status().context("reading /proc/PID/status")?;
     Ok(Usage {
-        cpu_secs,
-        peak_rss_mib: hwm_kib / 1024.0,
+        cpu_secs: (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64,
+        peak_rss_mib: status.vmhwm.unwrap_or(0) as f64 / 1024.0,
     })
 }
 
@@ -89,6 +61,8 @@ fn usage_of(pid: u32) -> anyhow::Result<Usage> {
 pub struct Proc {
     pub name: String,
     pub cmdline: String,
+    /// Where its Prometheus endpoint listens.
+    pub metrics: Option<SocketAddr>,
     child: Child,
     log: PathBuf,
 }
@@ -122,6 +96,7 @@ impl Proc {
         Ok(Self {
             name: name.to_owned(),
             cmdline,
+            metrics: None,
             child,
             log,
         })
@@ -220,16 +195,17 @@ pub async fn start_outboxd(
     tag: &str,
 ) -> anyhow::Result<(Proc, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let metrics = format!("127.0.0.1:{}", free_port()?);
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let args = vec![
         "--database-url".to_owned(),
         db_url.to_owned(),
         "--listen".to_owned(),
         addr.to_string(),
         "--metrics-listen".to_owned(),
-        metrics,
+        metrics.to_string(),
     ];
     let mut proc = Proc::spawn(&format!("outboxd-{tag}"), &bins.outboxd, &args, log_dir)?;
+    proc.metrics = Some(metrics);
     proc.wait_listening(addr, Duration::from_secs(60)).await?;
     Ok((proc, addr))
 }
@@ -248,6 +224,7 @@ pub fn start_relay(
     log_dir: &Path,
     tag: &str,
 ) -> anyhow::Result<Proc> {
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let args = vec![
         "--server".to_owned(),
         format!("http://{}", o.server),
@@ -263,7 +240,9 @@ pub fn start_relay(
         "--worker-id".to_owned(),
         "outbox-bench-relay".to_owned(),
         "--metrics-listen".to_owned(),
-        format!("127.0.0.1:{}", free_port()?),
+        metrics.to_string(),
     ];
-    Proc::spawn(&format!("relay-{tag}"), &bins.relay, &args, log_dir)
+    let mut proc = Proc::spawn(&format!("relay-{tag}"), &bins.relay, &args, log_dir)?;
+    proc.metrics = Some(metrics);
+    Ok(proc)
 }

@@ -5,8 +5,9 @@ use std::{fmt::Write as _, path::PathBuf, time::Duration};
 
 use crate::{
     Plan,
+    cpu::Component,
     machine::Machine,
-    scenarios::{DrainCase, DrainRun, Results, ScalePoint},
+    scenarios::{Cycle, DrainCase, DrainRun, Results, ScalePoint},
     stats::Spread,
 };
 
@@ -523,6 +524,140 @@ fn cost_section(s: &mut String, r: &Results) {
             plain(&case.outboxd, |x| x.outboxd.peak_rss_mib).show(1),
             plain(&case.outboxd, |x| x.relay.peak_rss_mib).show(1),
         );
+    }
+    s.push('\n');
+    machine_table(s, r);
+    cycle_table(s, r);
+}
+
+/// A run's events: rate × duration, as the drain measured them.
+fn events(x: &DrainRun) -> f64 {
+    x.events_per_sec * x.secs
+}
+
+fn median_of(runs: &[DrainRun], f: impl Fn(&DrainRun) -> f64) -> f64 {
+    Spread::of(&runs.iter().map(f).collect::<Vec<_>>()).median
+}
+
+/// Median whole-machine CPU seconds per 100 000 events: all of it, or one part.
+fn machine_per100k(runs: &[DrainRun], part: Option<Component>) -> f64 {
+    median_of(runs, |x| {
+        let secs = part.map_or(x.machine.busy_secs, |c| x.machine.of(c));
+        secs / events(x) * 100_000.0
+    })
+}
+
+fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 2] {
+    [
+        ("classic relay", &case.classic),
+        ("outboxd + relay", &case.outboxd),
+    ]
+}
+
+fn machine_table(s: &mut String, r: &Results) {
+    let _ = writeln!(
+        s,
+        "Whole machine over each drain, from the relay's start until the backlog was out: busy CPU seconds of both \
+         cores per 100 000 events (user + system + interrupts from /proc/stat, steal excluded), split by process name \
+         from /proc/PID/stat (PostgreSQL includes its background workers and the children the postmaster reaped, \
+         such as autovacuum; the harness includes the classic relay's workers and the drain monitor; other is what \
+         no listed process accounts for). Medians over the repetitions. When both designs keep the machine near \
+         saturation, their throughput ratio is close to the inverse of their total CPU per event.\n"
+    );
+    let _ = write!(
+        s,
+        "| batch | workers | design | ev/s | machine busy | CPU s /100k |"
+    );
+    for c in Component::ALL {
+        let _ = write!(s, " {} |", c.label());
+    }
+    let _ = writeln!(s, " other |");
+    let _ = writeln!(
+        s,
+        "| ---: | ---: | --- | ---: | ---: | ---: |{}",
+        " ---: |".repeat(Component::ALL.len() + 1)
+    );
+    for case in &r.drain {
+        for (label, runs) in designs(case) {
+            if runs.iter().all(|x| x.machine.busy_secs <= 0.0) {
+                continue;
+            }
+            let _ = write!(
+                s,
+                "| {} | {} | {label} | {:.0} | {:.0} % | {:.2} |",
+                case.batch,
+                case.workers,
+                median_of(runs, |x| x.events_per_sec),
+                median_of(runs, |x| x.machine.busy_share * 100.0),
+                machine_per100k(runs, None),
+            );
+            for c in Component::ALL {
+                let _ = write!(s, " {:.2} |", machine_per100k(runs, Some(c)));
+            }
+            let _ = writeln!(
+                s,
+                " {:.2} |",
+                median_of(runs, |x| x.machine.other() / events(x) * 100_000.0)
+            );
+        }
+    }
+    s.push('\n');
+}
+
+fn cycle_table(s: &mut String, r: &Results) {
+    let _ = writeln!(
+        s,
+        "Batch cycle, mean milliseconds, each design timed from the inside (medians over the repetitions): the \
+         classic relay by the harness around its statements; outboxd by its `outbox_rpc_duration_seconds` and \
+         `outbox_claim_batch_size` histograms and the relay's `outbox_relay_publish_duration_seconds` (from a batch's \
+         send to each message's confirm), scraped at the end of the drain. \"ms per batch\" is the drain's duration \
+         × workers / batches: the time one worker spends on one batch.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| batch | workers | design | batches | ms per batch | parts (ms) |\n| ---: | ---: | --- | ---: | ---: | --- |"
+    );
+    for case in &r.drain {
+        for (label, runs) in designs(case) {
+            let timed: Vec<(&DrainRun, Cycle)> = runs
+                .iter()
+                .filter(|x| x.batches > 0)
+                .filter_map(|x| x.cycle.map(|c| (x, c)))
+                .collect();
+            if timed.is_empty() {
+                continue;
+            }
+            let med = |i: usize| {
+                Spread::of(&timed.iter().map(|(_, c)| c.parts()[i]).collect::<Vec<_>>()).median
+            };
+            let parts = match timed[0].1 {
+                Cycle::Classic { .. } => format!(
+                    "BEGIN + SELECT {:.2}, publish → last confirm {:.2}, UPDATE + COMMIT {:.2}",
+                    med(0),
+                    med(1),
+                    med(2)
+                ),
+                Cycle::Outboxd { .. } => format!(
+                    "ClaimBatch in outboxd {:.2}, send → confirm per message {:.2}, Ack in outboxd {:.2} (beside the next batch)",
+                    med(0),
+                    med(1),
+                    med(2)
+                ),
+            };
+            let per_batch: Vec<f64> = timed
+                .iter()
+                .map(|(x, _)| x.secs * f64::from(case.workers) * 1e3 / x.batches as f64)
+                .collect();
+            let batches: Vec<f64> = timed.iter().map(|(x, _)| x.batches as f64).collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {label} | {:.0} | {} | {parts} |",
+                case.batch,
+                case.workers,
+                Spread::of(&batches).median,
+                Spread::of(&per_batch).show(2),
+            );
+        }
     }
     s.push('\n');
 }

@@ -22,10 +22,12 @@ use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
     Args, Plan, classic,
+    cpu::{MachineCpu, Snapshot},
     db::{self, Shape},
     procs::{self, Binaries, RelayOpts, Usage},
     progress::Progress,
     rabbit::{self, Msg, Rabbit},
+    scrape,
 };
 
 /// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS).
@@ -56,6 +58,52 @@ pub struct DrainRun {
     pub statements_per_event: Option<f64>,
     pub outboxd: Usage,
     pub relay: Usage,
+    /// Every process's CPU from the relay's start until the backlog was out.
+    pub machine: MachineCpu,
+    /// Batches that carried messages.
+    pub batches: u64,
+    pub cycle: Option<Cycle>,
+}
+
+/// Mean milliseconds of the parts of one batch, each design timed from the
+/// inside: the classic relay by the harness around its statements, outboxd by
+/// its own and the relay's histograms.
+#[derive(Debug, Clone, Copy)]
+pub enum Cycle {
+    Classic {
+        /// BEGIN and `SELECT … FOR UPDATE SKIP LOCKED`.
+        select: f64,
+        /// Sending the batch until its last confirm.
+        publish: f64,
+        /// `UPDATE published_at` and COMMIT.
+        mark: f64,
+    },
+    Outboxd {
+        /// ClaimBatch inside outboxd.
+        claim: f64,
+        /// From a batch's send to a message's confirm, mean over messages.
+        confirm: f64,
+        /// Ack inside outboxd; the relay overlaps it with the next batch.
+        ack: f64,
+    },
+}
+
+impl Cycle {
+    /// The three parts in the order the variant lists them.
+    pub fn parts(&self) -> [f64; 3] {
+        match *self {
+            Self::Classic {
+                select,
+                publish,
+                mark,
+            } => [select, publish, mark],
+            Self::Outboxd {
+                claim,
+                confirm,
+                ack,
+            } => [claim, confirm, ack],
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -443,11 +491,14 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         batch,
         concurrency: workers,
     };
+    let cpu_before = Snapshot::take()?;
     let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "drain")?;
     ctx.record(&relay.cmdline).await;
     let waited = wait_drained(ctx, db_name, n, drain_deadline(n)).await;
+    let machine = Snapshot::take()?.since(&cpu_before);
     let usage_outboxd = outboxd.usage();
     let usage_relay = relay.usage();
+    let (batches, cycle) = outboxd_cycle(&outboxd, &relay).await;
     relay.stop(Duration::from_secs(10)).await?;
     outboxd.stop(Duration::from_secs(10)).await?;
     let (done, polls) = waited?;
@@ -461,7 +512,32 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         statements_per_event: None,
         outboxd: usage_outboxd,
         relay: usage_relay,
+        machine,
+        batches,
+        cycle,
     })
+}
+
+/// outboxd's batch cycle from its own and the relay's metrics; `None` (and the
+/// run still counts) when an endpoint does not answer.
+async fn outboxd_cycle(outboxd: &procs::Proc, relay: &procs::Proc) -> (u64, Option<Cycle>) {
+    let (Some(server), Some(client)) = (outboxd.metrics, relay.metrics) else {
+        return (0, None);
+    };
+    let (Ok(server), Ok(client)) = (scrape::fetch(server).await, scrape::fetch(client).await)
+    else {
+        return (0, None);
+    };
+    let rpc = "outbox_rpc_duration_seconds";
+    let (_, batches) = scrape::histogram(&server, "outbox_claim_batch_size", "", "");
+    let cycle = (|| {
+        Some(Cycle::Outboxd {
+            claim: scrape::mean_ms(&server, rpc, "method", "ClaimBatch")?,
+            confirm: scrape::mean_ms(&client, "outbox_relay_publish_duration_seconds", "", "")?,
+            ack: scrape::mean_ms(&server, rpc, "method", "Ack")?,
+        })
+    })();
+    (batches as u64, cycle)
 }
 
 async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
@@ -469,6 +545,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
     let x0 = db::xacts(&ctx.admin, db_name).await?;
     let deadline = drain_deadline(n);
+    let cpu_before = Snapshot::take()?;
     let started = Instant::now();
     let shared = Arc::new(classic::Shared::default());
     let _stop_guard = classic::StopGuard(Arc::clone(&shared));
@@ -483,6 +560,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     )
     .await?;
     let waited = wait_drained(ctx, db_name, n, deadline).await;
+    let machine = Snapshot::take()?.since(&cpu_before);
     shared.stop.store(true, Ordering::Relaxed);
     join_classic(handles).await?;
     let (done, polls) = waited?;
@@ -496,6 +574,15 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n as f64),
         outboxd: Usage::default(),
         relay: Usage::default(),
+        machine,
+        batches: shared.sent_batches.load(Ordering::Relaxed),
+        cycle: shared
+            .cycle_ms()
+            .map(|[select, publish, mark]| Cycle::Classic {
+                select,
+                publish,
+                mark,
+            }),
     })
 }
 
