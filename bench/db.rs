@@ -216,6 +216,17 @@ pub async fn fill_pending(
     Ok(())
 }
 
+/// The cluster's WAL insert position in bytes: its difference over a run is
+/// the WAL that run wrote (the whole cluster's, which during a drain is the
+/// drain's).
+pub async fn wal_lsn(admin: &PgPool) -> anyhow::Result<f64> {
+    let lsn: f64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8")
+        .fetch_one(admin)
+        .await
+        .context("reading pg_current_wal_lsn()")?;
+    Ok(lsn)
+}
+
 /// Inserts `count` already-published events (history), in chunks so no single
 /// statement runs for minutes. Ids are sequential to keep the fill fast.
 pub async fn fill_history(conn: &mut PgConnection, first: u64, count: u64) -> anyhow::Result<()> {

@@ -566,7 +566,7 @@ fn machine_table(s: &mut String, r: &Results) {
     );
     let _ = write!(
         s,
-        "| batch | workers | design | ev/s | machine busy | CPU s /100k |"
+        "| batch | workers | design | ev/s | machine busy | WAL bytes /ev | CPU s /100k |"
     );
     for c in Component::ALL {
         let _ = write!(s, " {} |", c.label());
@@ -574,7 +574,7 @@ fn machine_table(s: &mut String, r: &Results) {
     let _ = writeln!(s, " other |");
     let _ = writeln!(
         s,
-        "| ---: | ---: | --- | ---: | ---: | ---: |{}",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: |{}",
         " ---: |".repeat(Component::ALL.len() + 1)
     );
     for case in &r.drain {
@@ -584,11 +584,12 @@ fn machine_table(s: &mut String, r: &Results) {
             }
             let _ = write!(
                 s,
-                "| {} | {} | {label} | {:.0} | {:.0} % | {:.2} |",
+                "| {} | {} | {label} | {:.0} | {:.0} % | {:.0} | {:.2} |",
                 case.batch,
                 case.workers,
                 median_of(runs, |x| x.events_per_sec),
                 median_of(runs, |x| x.machine.busy_share * 100.0),
+                median_of(runs, |x| x.wal_per_event),
                 machine_per100k(runs, None),
             );
             for c in Component::ALL {

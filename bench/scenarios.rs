@@ -62,6 +62,8 @@ pub struct DrainRun {
     pub machine: MachineCpu,
     /// Batches that carried messages.
     pub batches: u64,
+    /// WAL bytes written per event over the drain.
+    pub wal_per_event: f64,
     pub cycle: Option<Cycle>,
 }
 
@@ -492,10 +494,12 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         concurrency: workers,
     };
     let cpu_before = Snapshot::take()?;
+    let wal_before = db::wal_lsn(&ctx.admin).await?;
     let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "drain")?;
     ctx.record(&relay.cmdline).await;
     let waited = wait_drained(ctx, db_name, n, drain_deadline(n)).await;
     let machine = Snapshot::take()?.since(&cpu_before);
+    let wal = db::wal_lsn(&ctx.admin).await? - wal_before;
     let usage_outboxd = outboxd.usage();
     let usage_relay = relay.usage();
     let (batches, cycle) = outboxd_cycle(&outboxd, &relay).await;
@@ -514,6 +518,7 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         relay: usage_relay,
         machine,
         batches,
+        wal_per_event: wal / n as f64,
         cycle,
     })
 }
@@ -546,6 +551,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     let x0 = db::xacts(&ctx.admin, db_name).await?;
     let deadline = drain_deadline(n);
     let cpu_before = Snapshot::take()?;
+    let wal_before = db::wal_lsn(&ctx.admin).await?;
     let started = Instant::now();
     let shared = Arc::new(classic::Shared::default());
     let _stop_guard = classic::StopGuard(Arc::clone(&shared));
@@ -561,6 +567,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     .await?;
     let waited = wait_drained(ctx, db_name, n, deadline).await;
     let machine = Snapshot::take()?.since(&cpu_before);
+    let wal = db::wal_lsn(&ctx.admin).await? - wal_before;
     shared.stop.store(true, Ordering::Relaxed);
     join_classic(handles).await?;
     let (done, polls) = waited?;
@@ -576,6 +583,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         relay: Usage::default(),
         machine,
         batches: shared.sent_batches.load(Ordering::Relaxed),
+        wal_per_event: wal / n as f64,
         cycle: shared
             .cycle_ms()
             .map(|[select, publish, mark]| Cycle::Classic {
