@@ -52,6 +52,18 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_CONCURRENCY", default_value_t = 4)]
     pub concurrency: usize,
 
+    /// While a slot publishes a full batch, claim its next batch (without
+    /// waiting) so the claim round trip is off the critical path. The batch
+    /// claimed ahead is published only after the current one is confirmed.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_CLAIM_AHEAD",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub claim_ahead: bool,
+
     /// Recorded on claimed rows. Default: host name and process id.
     #[arg(long, env = "OUTBOX_RELAY_WORKER_ID")]
     pub worker_id: Option<String>,
@@ -146,6 +158,7 @@ pub struct RelayConfig {
     pub batch_size: u32,
     pub lease: Duration,
     pub concurrency: usize,
+    pub claim_ahead: bool,
     pub worker_id: String,
     pub confirm_timeout: Duration,
     pub wait: Duration,
@@ -203,6 +216,7 @@ impl RelayArgs {
             batch_size: self.batch_size,
             lease: self.lease,
             concurrency: self.concurrency,
+            claim_ahead: self.claim_ahead,
             worker_id,
             confirm_timeout: self.confirm_timeout,
             wait: self.wait,
@@ -255,6 +269,12 @@ mod tests {
         assert_eq!(config.batch_size, 100);
         assert_eq!(config.lease, Duration::from_secs(30));
         assert_eq!(config.concurrency, 4);
+        assert!(config.claim_ahead);
+        let off = RelayArgs::try_parse_from(["outbox-relay", "--claim-ahead", "false"])
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        assert!(!off.claim_ahead);
         assert!(
             config
                 .worker_id

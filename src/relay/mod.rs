@@ -34,6 +34,7 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         batch_size: config.batch_size,
         lease: config.lease,
         wait: config.wait,
+        claim_ahead: config.claim_ahead,
     });
     let server = Arc::new(ServerLink::default());
     let tasks = TaskTracker::new();
@@ -59,6 +60,7 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         exchange = %config.exchange,
         worker_id = %config.worker_id,
         concurrency = config.concurrency,
+        claim_ahead = config.claim_ahead,
         "relaying"
     );
     stop.cancelled().await;

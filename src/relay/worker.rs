@@ -5,6 +5,12 @@
 //! one: the ack round trip is off the critical path, so one slot keeps the broker
 //! busy instead of waiting on outboxd twice per batch. At most one batch per slot
 //! is being settled at a time, so settling can never fall behind without bound.
+//!
+//! With claim-ahead, a slot that got a full batch (a backlog) also claims its
+//! next batch while the first one publishes, without waiting, so the claim round
+//! trip is off the critical path too. The batch claimed ahead is not published
+//! before the current one is confirmed: a slot still publishes one batch at a
+//! time, in order, and `--concurrency` still bounds what a crash can redeliver.
 
 use std::{
     collections::BTreeMap,
@@ -34,7 +40,12 @@ pub struct Settings {
     pub batch_size: u32,
     pub lease: Duration,
     pub wait: Duration,
+    /// Claim the next batch while a full one publishes.
+    pub claim_ahead: bool,
 }
+
+/// A claim on its way, and when it was sent: the lease runs from there.
+type Ahead = (Instant, JoinHandle<Result<pb::ClaimBatchResponse, Status>>);
 
 /// outboxd's reachability as last reported, so each change is logged once.
 #[derive(Debug)]
@@ -108,18 +119,38 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         settling: &mut Option<JoinHandle<()>>,
     ) {
         let mut failures = 0u32;
-        while !stop.is_cancelled() {
-            if self.publisher.ready().await.is_err() {
-                failures += 1;
-                let delay = RETRY.delay(failures, &mut rand::rng());
-                if pause(stop, delay).await {
-                    break;
+        let mut ahead: Option<Ahead> = None;
+        // Whether the last publish reached the broker; claiming ahead while it
+        // is unreachable would only cost the next batch an attempt.
+        let mut broker_ok = true;
+        loop {
+            let (claimed_at, claim) = match ahead.take() {
+                // Claimed already: published even after a stop, like any batch
+                // in hand, rather than left to wait out its lease.
+                Some((claimed_at, handle)) => (
+                    claimed_at,
+                    handle
+                        .await
+                        .unwrap_or_else(|e| Err(Status::internal(e.to_string()))),
+                ),
+                None => {
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    if self.publisher.ready().await.is_err() {
+                        failures += 1;
+                        let delay = RETRY.delay(failures, &mut rand::rng());
+                        if pause(stop, delay).await {
+                            break;
+                        }
+                        continue;
+                    }
+                    let claimed_at = Instant::now();
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        claim = self.leases.claim(self.claim_request(self.settings.wait)) => (claimed_at, claim),
+                    }
                 }
-                continue;
-            }
-            let claim = tokio::select! {
-                () = stop.cancelled() => break,
-                claim = self.leases.claim(self.claim_request()) => claim,
             };
             let batch = match claim {
                 Ok(batch) => {
@@ -144,7 +175,22 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
             if batch.messages.is_empty() {
                 continue;
             }
-            let settle = self.relay(batch).await;
+            // A full batch means a backlog: claim the next one now, without
+            // waiting, so it is in hand when this one is confirmed.
+            if self.settings.claim_ahead
+                && broker_ok
+                && batch.messages.len() >= self.settings.batch_size as usize
+                && !stop.is_cancelled()
+            {
+                let leases = self.leases.clone();
+                let req = self.claim_request(Duration::ZERO);
+                ahead = Some((
+                    Instant::now(),
+                    tokio::spawn(async move { leases.claim(req).await }),
+                ));
+            }
+            let (settle, reached_broker) = self.relay(batch, claimed_at).await;
+            broker_ok = reached_broker;
             if let Some(previous) = settling.take() {
                 // Normally long done: one ack round trip against a whole publish.
                 let _ = previous.await;
@@ -153,28 +199,33 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         }
     }
 
-    fn claim_request(&self) -> pb::ClaimBatchRequest {
+    fn claim_request(&self, wait: Duration) -> pb::ClaimBatchRequest {
         pb::ClaimBatchRequest {
             outbox: self.settings.outbox.clone(),
             worker_id: self.settings.worker_id.clone(),
             max_messages: self.settings.batch_size,
             lease_duration: Some(proto_duration(self.settings.lease)),
-            wait: Some(proto_duration(self.settings.wait)),
+            wait: Some(proto_duration(wait)),
         }
     }
 
-    /// Publishes one claimed batch, extending its lease while that runs long, and
-    /// returns the settle calls: ack what the broker confirmed, nack the rest.
+    /// Publishes one claimed batch, extending its lease (which runs from
+    /// `claimed_at`) while that runs long, and returns the settle calls (ack
+    /// what the broker confirmed, nack the rest) and whether every message
+    /// reached the broker, confirmed or refused.
     async fn relay(
         &mut self,
         batch: pb::ClaimBatchResponse,
-    ) -> impl Future<Output = ()> + Send + 'static {
+        claimed_at: Instant,
+    ) -> (impl Future<Output = ()> + Send + 'static, bool) {
         let lease_id = batch.lease_id.clone();
         let half = self.settings.lease / 2;
         let deliveries = {
             let publish = self.publisher.publish(&batch.messages);
             tokio::pin!(publish);
-            let mut next = Instant::now() + half;
+            // A batch claimed ahead may be past its half lease already: then
+            // it is extended at once.
+            let mut next = claimed_at + half;
             loop {
                 tokio::select! {
                     deliveries = &mut publish => break deliveries,
@@ -186,6 +237,8 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
             }
         };
 
+        let reached_broker = deliveries.len() == batch.messages.len()
+            && !deliveries.iter().any(|d| matches!(d, Delivery::Failed(_)));
         let mut acks = Vec::new();
         // (reason, retry_after) -> ids: one Nack per distinct reason.
         let mut nacks: BTreeMap<(String, Option<Duration>), Vec<String>> = BTreeMap::new();
@@ -214,14 +267,15 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         }
 
         let give_up = Instant::now() + self.settings.lease * 2;
-        settle(
+        let settle = settle(
             self.leases.clone(),
             Arc::clone(&self.settings),
             lease_id,
             acks,
             nacks,
             give_up,
-        )
+        );
+        (settle, reached_broker)
     }
 }
 
@@ -367,6 +421,8 @@ mod tests {
         acks: Vec<pb::AckRequest>,
         nacks: Vec<pb::NackRequest>,
         extends: Vec<Instant>,
+        /// When each claim was made and how long it was allowed to wait.
+        claimed: Vec<(Instant, Duration)>,
         stop_when_empty: Option<CancellationToken>,
     }
 
@@ -377,8 +433,15 @@ mod tests {
     }
 
     impl Leases for FakeLeases {
-        async fn claim(&self, _: pb::ClaimBatchRequest) -> Result<pb::ClaimBatchResponse, Status> {
+        async fn claim(
+            &self,
+            req: pb::ClaimBatchRequest,
+        ) -> Result<pb::ClaimBatchResponse, Status> {
+            let wait = req.wait.map_or(Duration::ZERO, |w| {
+                Duration::from_secs(u64::try_from(w.seconds).unwrap_or(0))
+            });
             let next = self.script(|s| {
+                s.claimed.push((Instant::now(), wait));
                 let next = s.claims.pop_front();
                 if let Some(stop) = s.stop_when_empty.as_ref().filter(|_| s.claims.is_empty()) {
                     stop.cancel();
@@ -416,10 +479,22 @@ mod tests {
         }
     }
 
-    /// Answers each message by a rule on its event type, after a delay.
+    /// Answers each message by a rule on its event type, after a delay, and
+    /// logs when each batch started and ended (by its first message id).
     struct FakePublisher {
         delay: Duration,
         answer: fn(&pb::OutboxMessage) -> Option<Delivery>,
+        log: Arc<Mutex<Vec<(Instant, Instant, String)>>>,
+    }
+
+    impl FakePublisher {
+        fn new(delay: Duration) -> Self {
+            Self {
+                delay,
+                answer: by_type,
+                log: Arc::default(),
+            }
+        }
     }
 
     impl Publisher for FakePublisher {
@@ -428,20 +503,30 @@ mod tests {
         }
 
         async fn publish(&mut self, batch: &[pb::OutboxMessage]) -> Vec<Delivery> {
+            let started = Instant::now();
             tokio::time::sleep(self.delay).await;
+            let first = batch.first().map(|m| m.id.clone()).unwrap_or_default();
+            self.log
+                .lock()
+                .expect("log lock")
+                .push((started, Instant::now(), first));
             batch.iter().map_while(self.answer).collect()
         }
     }
 
     fn batch(types: &[&str]) -> pb::ClaimBatchResponse {
+        leased("lease-1", "m", types)
+    }
+
+    fn leased(lease: &str, prefix: &str, types: &[&str]) -> pb::ClaimBatchResponse {
         pb::ClaimBatchResponse {
-            lease_id: "lease-1".into(),
+            lease_id: lease.into(),
             lease_expires_at: None,
             messages: types
                 .iter()
                 .enumerate()
                 .map(|(i, t)| pb::OutboxMessage {
-                    id: format!("m{i}"),
+                    id: format!("{prefix}{i}"),
                     event_type: (*t).into(),
                     ..Default::default()
                 })
@@ -464,6 +549,14 @@ mod tests {
         claims: Vec<Result<pb::ClaimBatchResponse, Status>>,
         publisher: FakePublisher,
     ) -> FakeLeases {
+        drive_with(claims, publisher, 10).await
+    }
+
+    async fn drive_with(
+        claims: Vec<Result<pb::ClaimBatchResponse, Status>>,
+        publisher: FakePublisher,
+        batch_size: u32,
+    ) -> FakeLeases {
         let leases = FakeLeases::default();
         let stop = CancellationToken::new();
         leases.script(|s| {
@@ -473,9 +566,10 @@ mod tests {
         let settings = Arc::new(Settings {
             outbox: "default".into(),
             worker_id: "w1".into(),
-            batch_size: 10,
+            batch_size,
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(1),
+            claim_ahead: true,
         });
         Worker::new(leases.clone(), publisher, settings, Arc::default())
             .run(stop)
@@ -485,10 +579,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn only_confirmed_messages_are_acked_and_the_rest_nacked_with_their_reason() {
-        let publisher = FakePublisher {
-            delay: Duration::ZERO,
-            answer: by_type,
-        };
+        let publisher = FakePublisher::new(Duration::ZERO);
         let leases = drive(
             vec![Ok(batch(&["ok", "unroutable", "lost", "ok"]))],
             publisher,
@@ -520,10 +611,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn messages_without_an_outcome_are_released_not_acked() {
-        let publisher = FakePublisher {
-            delay: Duration::ZERO,
-            answer: by_type,
-        };
+        let publisher = FakePublisher::new(Duration::ZERO);
         let leases = drive(vec![Ok(batch(&["ok", "silent", "ok"]))], publisher).await;
         leases.script(|s| {
             assert_eq!(s.acks[0].message_ids, ["m0"]);
@@ -534,10 +622,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_publish_keeps_its_lease_alive() {
-        let publisher = FakePublisher {
-            delay: Duration::from_secs(40),
-            answer: by_type,
-        };
+        let publisher = FakePublisher::new(Duration::from_secs(40));
         let started = Instant::now();
         let leases = drive(vec![Ok(batch(&["ok"]))], publisher).await;
         leases.script(|s| {
@@ -549,10 +634,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unavailable_server_is_retried_not_fatal() {
-        let publisher = FakePublisher {
-            delay: Duration::ZERO,
-            answer: by_type,
-        };
+        let publisher = FakePublisher::new(Duration::ZERO);
         let leases = drive(
             vec![
                 Err(Status::unavailable("down")),
@@ -563,5 +645,108 @@ mod tests {
         )
         .await;
         leases.script(|s| assert_eq!(s.acks.len(), 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_claims_the_next_while_it_publishes_and_publishes_it_after() {
+        let publisher = FakePublisher::new(Duration::from_secs(5));
+        let log = Arc::clone(&publisher.log);
+        let started = Instant::now();
+        let leases = drive_with(
+            vec![
+                Ok(leased("lease-a", "a", &["ok", "ok"])),
+                Ok(leased("lease-b", "b", &["ok", "ok"])),
+                Ok(leased("lease-c", "c", &["ok"])),
+            ],
+            publisher,
+            2,
+        )
+        .await;
+        let secs = |t: Instant| (t - started).as_secs();
+        leases.script(|s| {
+            let claims: Vec<(u64, u64)> = s
+                .claimed
+                .iter()
+                .map(|(at, wait)| (secs(*at), wait.as_secs()))
+                .collect();
+            // a: long-poll at 0; b: ahead, at once, while a publishes; c: ahead
+            // while b publishes (b was full); c is short, so nothing after it.
+            assert_eq!(claims, [(0, 1), (0, 0), (5, 0)]);
+            let acked: Vec<&str> = s.acks.iter().map(|a| a.lease_id.as_str()).collect();
+            assert_eq!(acked, ["lease-a", "lease-b", "lease-c"]);
+        });
+        let log = log.lock().expect("log lock");
+        let order: Vec<&str> = log.iter().map(|(_, _, first)| first.as_str()).collect();
+        assert_eq!(order, ["a0", "b0", "c0"], "batches publish in claim order");
+        for pair in log.windows(2) {
+            assert!(pair[1].0 >= pair[0].1, "one batch at a time: {log:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_batch_does_not_claim_ahead() {
+        let publisher = FakePublisher::new(Duration::from_secs(5));
+        let leases = drive_with(
+            vec![
+                Ok(leased("lease-a", "a", &["ok"])),
+                Ok(leased("lease-b", "b", &["ok"])),
+            ],
+            publisher,
+            2,
+        )
+        .await;
+        leases.script(|s| {
+            let waits: Vec<u64> = s.claimed.iter().map(|(_, w)| w.as_secs()).collect();
+            assert_eq!(
+                waits,
+                [1, 1],
+                "every claim a long poll after the last publish"
+            );
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_claimed_ahead_keeps_its_lease_from_its_claim() {
+        // Lease 30 s, extended at each half. a publishes 0..20 s; b, claimed at
+        // 0, publishes 20..40 s: past its half lease when it starts, so it is
+        // extended at once, then 15 s after its claim's next half.
+        let publisher = FakePublisher::new(Duration::from_secs(20));
+        let started = Instant::now();
+        let leases = drive_with(
+            vec![
+                Ok(leased("lease-a", "a", &["ok", "ok"])),
+                Ok(leased("lease-b", "b", &["ok"])),
+            ],
+            publisher,
+            2,
+        )
+        .await;
+        leases.script(|s| {
+            let at: Vec<u64> = s.extends.iter().map(|t| (*t - started).as_secs()).collect();
+            assert_eq!(at, [15, 20, 30]);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_publish_stops_claiming_ahead() {
+        let publisher = FakePublisher::new(Duration::from_secs(1));
+        let leases = drive_with(
+            vec![
+                Ok(leased("lease-a", "a", &["lost", "lost"])),
+                Ok(leased("lease-b", "b", &["ok", "ok"])),
+                Ok(leased("lease-c", "c", &["ok", "ok"])),
+            ],
+            publisher,
+            2,
+        )
+        .await;
+        leases.script(|s| {
+            let waits: Vec<u64> = s.claimed.iter().map(|(_, w)| w.as_secs()).collect();
+            // b was claimed ahead before a failed; after a's failure, c is a
+            // plain claim made once b is done.
+            assert_eq!(waits, [1, 0, 1]);
+            assert_eq!(s.nacks.len(), 1);
+            assert_eq!(s.acks.len(), 2);
+        });
     }
 }
