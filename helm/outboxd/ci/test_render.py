@@ -426,6 +426,7 @@ def test_all_options(render):
     assert len(r.of("ServiceMonitor")) == 2
     relay_env = _env(_containers(r.relay())[0])
     assert relay_env["OUTBOX_RELAY_NO_DECLARE"] == "true"
+    assert relay_env["OUTBOX_RELAY_CLAIM_AHEAD"] == "false"
     assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
     assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9090"
 
