@@ -493,13 +493,11 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         batch,
         concurrency: workers,
     };
-    let cpu_before = Snapshot::take()?;
-    let wal_before = db::wal_lsn(&ctx.admin).await?;
+    let footprint = Footprint::start(ctx).await?;
     let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "drain")?;
     ctx.record(&relay.cmdline).await;
     let waited = wait_drained(ctx, db_name, n, drain_deadline(n)).await;
-    let machine = Snapshot::take()?.since(&cpu_before);
-    let wal = db::wal_lsn(&ctx.admin).await? - wal_before;
+    let (machine, wal_per_event) = footprint.since(ctx, n).await?;
     let usage_outboxd = outboxd.usage();
     let usage_relay = relay.usage();
     let (batches, cycle) = outboxd_cycle(&outboxd, &relay).await;
@@ -518,9 +516,31 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         relay: usage_relay,
         machine,
         batches,
-        wal_per_event: wal / n as f64,
+        wal_per_event,
         cycle,
     })
+}
+
+/// The whole machine's CPU and the cluster's WAL, from one point of a drain.
+struct Footprint {
+    cpu: Snapshot,
+    wal: f64,
+}
+
+impl Footprint {
+    async fn start(ctx: &Ctx) -> anyhow::Result<Self> {
+        Ok(Self {
+            cpu: Snapshot::take()?,
+            wal: db::wal_lsn(&ctx.admin).await?,
+        })
+    }
+
+    /// CPU since the start, and WAL bytes per event of `n`.
+    async fn since(&self, ctx: &Ctx, n: u64) -> anyhow::Result<(MachineCpu, f64)> {
+        let cpu = Snapshot::take()?.since(&self.cpu);
+        let wal = db::wal_lsn(&ctx.admin).await? - self.wal;
+        Ok((cpu, wal / n as f64))
+    }
 }
 
 /// outboxd's batch cycle from its own and the relay's metrics; `None` (and the
@@ -550,8 +570,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
     let x0 = db::xacts(&ctx.admin, db_name).await?;
     let deadline = drain_deadline(n);
-    let cpu_before = Snapshot::take()?;
-    let wal_before = db::wal_lsn(&ctx.admin).await?;
+    let footprint = Footprint::start(ctx).await?;
     let started = Instant::now();
     let shared = Arc::new(classic::Shared::default());
     let _stop_guard = classic::StopGuard(Arc::clone(&shared));
@@ -566,8 +585,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     )
     .await?;
     let waited = wait_drained(ctx, db_name, n, deadline).await;
-    let machine = Snapshot::take()?.since(&cpu_before);
-    let wal = db::wal_lsn(&ctx.admin).await? - wal_before;
+    let (machine, wal_per_event) = footprint.since(ctx, n).await?;
     shared.stop.store(true, Ordering::Relaxed);
     join_classic(handles).await?;
     let (done, polls) = waited?;
@@ -583,7 +601,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         relay: Usage::default(),
         machine,
         batches: shared.sent_batches.load(Ordering::Relaxed),
-        wal_per_event: wal / n as f64,
+        wal_per_event,
         cycle: shared
             .cycle_ms()
             .map(|[select, publish, mark]| Cycle::Classic {
