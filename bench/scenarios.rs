@@ -553,16 +553,20 @@ async fn outboxd_cycle(outboxd: &procs::Proc, relay: &procs::Proc) -> (u64, Opti
     else {
         return (0, None);
     };
-    let rpc = "outbox_rpc_duration_seconds";
     let (_, batches) = scrape::histogram(&server, "outbox_claim_batch_size", "", "");
-    let cycle = (|| {
-        Some(Cycle::Outboxd {
-            claim: scrape::mean_ms(&server, rpc, "method", "ClaimBatch")?,
-            confirm: scrape::mean_ms(&client, "outbox_relay_publish_duration_seconds", "", "")?,
-            ack: scrape::mean_ms(&server, rpc, "method", "Ack")?,
-        })
-    })();
-    (batches as u64, cycle)
+    (batches as u64, outboxd_parts(&server, &client))
+}
+
+fn outboxd_parts(
+    server: &prometheus_parse::Scrape,
+    relay: &prometheus_parse::Scrape,
+) -> Option<Cycle> {
+    let rpc = "outbox_rpc_duration_seconds";
+    Some(Cycle::Outboxd {
+        claim: scrape::mean_ms(server, rpc, "method", "ClaimBatch")?,
+        confirm: scrape::mean_ms(relay, "outbox_relay_publish_duration_seconds", "", "")?,
+        ack: scrape::mean_ms(server, rpc, "method", "Ack")?,
+    })
 }
 
 async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
