@@ -14,12 +14,18 @@ use std::{
     time::Duration,
 };
 
-use opentelemetry::{KeyValue, global, trace::TracerProvider as _};
+use opentelemetry::{
+    KeyValue, global,
+    trace::{SpanContext, TraceFlags, TraceState, TracerProvider as _},
+};
 use opentelemetry_sdk::{
     Resource,
     propagation::TraceContextPropagator,
     runtime,
-    trace::{SdkTracerProvider, span_processor_with_async_runtime::BatchSpanProcessor},
+    trace::{
+        IdGenerator as _, RandomIdGenerator, SdkTracerProvider,
+        span_processor_with_async_runtime::BatchSpanProcessor,
+    },
 };
 use tracing::Level;
 use tracing_subscriber::{
@@ -92,13 +98,32 @@ impl Telemetry {
     }
 }
 
-/// Lease spans are built only when something exports them: a span per message
-/// is the one piece of tracing whose cost grows with throughput.
-static LEASE_SPANS: AtomicBool = AtomicBool::new(true);
+/// Spans per message (outboxd's lease spans, the relay's publish spans) are
+/// built only when something exports them: they are the tracing whose cost
+/// grows with throughput, and unexported they cost CPU for nothing.
+static MESSAGE_SPANS: AtomicBool = AtomicBool::new(true);
+
+/// Whether to build a span per message (see `MESSAGE_SPANS`).
+pub fn message_spans() -> bool {
+    MESSAGE_SPANS.load(Ordering::Relaxed)
+}
+
+/// A new, sampled span context with fresh ids, for a message that has to carry
+/// a `traceparent` when no span is built for it.
+pub fn fresh_span_context() -> SpanContext {
+    let ids = RandomIdGenerator::default();
+    SpanContext::new(
+        ids.new_trace_id(),
+        ids.new_span_id(),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    )
+}
 
 /// Installs logs and traces for a binary. Call once, inside the runtime.
 pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
-    LEASE_SPANS.store(otlp_configured(), Ordering::Relaxed);
+    MESSAGE_SPANS.store(otlp_configured(), Ordering::Relaxed);
     global::set_text_map_propagator(TraceContextPropagator::new());
     let provider = tracer_provider(service)?;
     global::set_tracer_provider(provider.clone());
@@ -209,10 +234,7 @@ pub fn record_lease(outbox: &str, lease: &crate::store::EndedLease, outcome: Lea
     use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
     use opentelemetry_semantic_conventions::attribute::MESSAGING_MESSAGE_ID;
 
-    let Some(claimed_at) = lease
-        .claimed_at
-        .filter(|_| LEASE_SPANS.load(Ordering::Relaxed))
-    else {
+    let Some(claimed_at) = lease.claimed_at.filter(|_| message_spans()) else {
         return;
     };
     let mut carrier = std::collections::HashMap::new();

@@ -16,7 +16,7 @@ use lapin::{
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 use opentelemetry::{
-    KeyValue, global,
+    Context, KeyValue, global,
     global::BoxedSpan,
     trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _},
 };
@@ -33,6 +33,7 @@ use super::{
 use crate::{
     grpc::pb::OutboxMessage,
     metrics::{PublishResult, RelayMetrics},
+    telemetry::{self, fresh_span_context},
 };
 
 /// The process's broker connection, shared by every slot.
@@ -45,6 +46,8 @@ pub struct Broker {
     declare: bool,
     routing_key: RoutingKey,
     confirm_timeout: Duration,
+    /// Whether to build a publish span per message (`telemetry::message_spans`).
+    spans: bool,
     metrics: RelayMetrics,
     connection: Mutex<Option<Arc<Connection>>>,
     /// Last reported state, so each change is logged once, not each retry.
@@ -60,6 +63,7 @@ impl Broker {
             declare: config.declare,
             routing_key: config.routing_key.clone(),
             confirm_timeout: config.confirm_timeout,
+            spans: telemetry::message_spans(),
             metrics,
             connection: Mutex::new(None),
             up: AtomicBool::new(false),
@@ -100,12 +104,23 @@ impl Broker {
     }
 
     /// A producer span per message, in the producer's trace (its stored
-    /// `traceparent`), and the headers to publish.
+    /// `traceparent`), and the headers to publish. Without an exporter no span
+    /// is built (see `telemetry::message_spans`); an event stored without a
+    /// `traceparent` still gets a fresh one, so it can be followed downstream.
     fn publish_span(
         &self,
         m: &OutboxMessage,
         routing_key: &str,
-    ) -> (BoxedSpan, HashMap<String, String>) {
+    ) -> (Option<BoxedSpan>, HashMap<String, String>) {
+        let has_parent = m.headers.contains_key("traceparent");
+        let mut headers = m.headers.clone();
+        if !self.spans {
+            if !has_parent {
+                let context = Context::new().with_remote_span_context(fresh_span_context());
+                global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
+            }
+            return (None, headers);
+        }
         let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
         let tracer = global::tracer("outbox-relay");
         let span = tracer
@@ -123,15 +138,14 @@ impl Broker {
                 KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
             ])
             .start_with_context(&tracer, &parent);
-        let mut headers = m.headers.clone();
         // Stored headers travel unchanged (the contract), so a producer's
         // traceparent reaches consumers as written and they join its trace. An
         // event stored without one gets this span's, so it can still be followed.
-        if !headers.contains_key("traceparent") {
+        if !has_parent {
             let context = parent.with_remote_span_context(span.span_context().clone());
             global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
         }
-        (span, headers)
+        (Some(span), headers)
     }
 
     fn report(&self, up: bool, detail: &str) {
@@ -306,7 +320,7 @@ impl Publisher for AmqpPublisher {
             };
         broker.metrics.published(&broker.exchange, batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
-        for (sent, mut span) in sent.into_iter().zip(spans) {
+        for (sent, span) in sent.into_iter().zip(spans) {
             let (delivery, result) = match sent {
                 Err(reason) => (Delivery::Failed(reason), PublishResult::Failed),
                 Ok(confirm) => confirmation(tokio::time::timeout_at(deadline, confirm).await),
@@ -314,13 +328,15 @@ impl Publisher for AmqpPublisher {
             broker
                 .metrics
                 .settled(&broker.exchange, result, sent_at.elapsed().as_secs_f64());
-            match &delivery {
-                Delivery::Confirmed => span.set_status(Status::Ok),
-                Delivery::Rejected(reason) | Delivery::Failed(reason) => {
-                    span.set_status(Status::error(reason.clone()));
+            if let Some(mut span) = span {
+                match &delivery {
+                    Delivery::Confirmed => span.set_status(Status::Ok),
+                    Delivery::Rejected(reason) | Delivery::Failed(reason) => {
+                        span.set_status(Status::error(reason.clone()));
+                    }
                 }
+                span.end();
             }
-            span.end();
             deliveries.push(delivery);
         }
         if deliveries.iter().any(|d| matches!(d, Delivery::Failed(_))) {
@@ -328,5 +344,82 @@ impl Publisher for AmqpPublisher {
             self.channel = None;
         }
         deliveries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+    use opentelemetry::trace::SpanContext;
+    use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider};
+
+    use super::*;
+    use crate::{metrics::Metrics, relay::RelayArgs};
+
+    /// A broker as `telemetry::init` leaves the process: W3C propagation and
+    /// the SDK's tracer (with nothing to export to).
+    fn broker(spans: bool) -> Arc<Broker> {
+        global::set_text_map_propagator(TraceContextPropagator::new());
+        global::set_tracer_provider(SdkTracerProvider::builder().build());
+        let config = RelayArgs::try_parse_from(["outbox-relay"])
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        let metrics = Metrics::new("outbox-relay").expect("metrics");
+        let broker = Broker::new(&config, RelayMetrics::new(&metrics));
+        Arc::new(Broker {
+            spans,
+            ..Arc::into_inner(broker).expect("sole owner")
+        })
+    }
+
+    fn message(headers: &[(&str, &str)]) -> OutboxMessage {
+        OutboxMessage {
+            id: "0190d0d2-0000-7000-8000-000000000001".into(),
+            event_type: "order.paid".into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..OutboxMessage::default()
+        }
+    }
+
+    fn context_of(headers: &HashMap<String, String>) -> SpanContext {
+        global::get_text_map_propagator(|p| p.extract(headers))
+            .span()
+            .span_context()
+            .clone()
+    }
+
+    const STORED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[tokio::test]
+    async fn an_event_without_a_traceparent_gets_one_with_or_without_spans() {
+        for spans in [true, false] {
+            let broker = broker(spans);
+            let (span, headers) = broker.publish_span(&message(&[("k", "v")]), "order.paid");
+            assert_eq!(span.is_some(), spans);
+            let context = context_of(&headers);
+            assert!(context.is_valid(), "spans {spans}: {headers:?}");
+            assert!(context.is_sampled());
+            assert_eq!(headers.get("k").map(String::as_str), Some("v"));
+        }
+        let (_, first) = broker(false).publish_span(&message(&[]), "k");
+        let (_, second) = broker(false).publish_span(&message(&[]), "k");
+        assert_ne!(
+            context_of(&first).trace_id(),
+            context_of(&second).trace_id(),
+            "each event starts its own trace"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stored_traceparent_is_published_unchanged_with_or_without_spans() {
+        for spans in [true, false] {
+            let (_, headers) =
+                broker(spans).publish_span(&message(&[("traceparent", STORED)]), "order.paid");
+            assert_eq!(headers.get("traceparent").map(String::as_str), Some(STORED));
+        }
     }
 }
