@@ -227,6 +227,40 @@ pub async fn wal_lsn(admin: &PgPool) -> anyhow::Result<f64> {
     Ok(lsn)
 }
 
+/// outboxd's part of a latency run on the database's clock, milliseconds:
+/// the producer's INSERT → the claim that leased the row, and that claim →
+/// its ack (publish, confirm, ack), p50 and p99 over the rows published
+/// after the run's first second (its warm-up).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseStages {
+    pub to_claim: [f64; 2],
+    pub to_ack: [f64; 2],
+}
+
+pub async fn lease_stages(conn: &mut PgConnection) -> anyhow::Result<Option<LeaseStages>> {
+    let row: (Option<Vec<f64>>, Option<Vec<f64>>) = sqlx::query_as(
+        "WITH run AS ( \
+             SELECT created_at, claimed_at, published_at FROM outbox \
+             WHERE published_at IS NOT NULL \
+               AND created_at >= (SELECT min(created_at) FROM outbox) + interval '1 second') \
+         SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP \
+                    (ORDER BY extract(epoch FROM claimed_at - created_at)::float8 * 1000), \
+                percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP \
+                    (ORDER BY extract(epoch FROM published_at - claimed_at)::float8 * 1000) \
+         FROM run",
+    )
+    .fetch_one(conn)
+    .await
+    .context("reading the lease stages of the latency run")?;
+    let pair = |v: Option<Vec<f64>>| match v.as_deref() {
+        Some(&[p50, p99]) => Some([p50, p99]),
+        _ => None,
+    };
+    Ok(pair(row.0)
+        .zip(pair(row.1))
+        .map(|(to_claim, to_ack)| LeaseStages { to_claim, to_ack }))
+}
+
 /// Inserts `count` already-published events (history), in chunks so no single
 /// statement runs for minutes. Ids are sequential to keep the fill fast.
 pub async fn fill_history(conn: &mut PgConnection, first: u64, count: u64) -> anyhow::Result<()> {

@@ -124,6 +124,8 @@ pub struct LatencyRun {
     pub achieved_rate: f64,
     pub sent: u64,
     pub delivered: u64,
+    /// outboxd only: where its part of the time went.
+    pub stages: Option<db::LeaseStages>,
 }
 
 #[derive(Debug, Clone)]
@@ -1055,6 +1057,10 @@ async fn latency_run(
     if let Some(err) = produce_err {
         return Err(err);
     }
+    let stages = match design {
+        Design::Outboxd => db::lease_stages(&mut db::connect(&url).await?).await?,
+        Design::Classic => None,
+    };
 
     // Commit → delivery, skipping the first second (connections warming up).
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("histogram")?;
@@ -1103,6 +1109,7 @@ async fn latency_run(
             },
             sent,
             delivered: got,
+            stages,
         },
         hist,
     ))
