@@ -1058,7 +1058,12 @@ async fn latency_run(
         return Err(err);
     }
     let stages = match design {
-        Design::Outboxd => db::lease_stages(&mut db::connect(&url).await?).await?,
+        Design::Outboxd => {
+            let mut conn = db::connect(&url).await?;
+            let stages = db::lease_stages(&mut conn).await;
+            let _ = conn.close().await;
+            stages?
+        }
         Design::Classic => None,
     };
 
