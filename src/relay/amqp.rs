@@ -112,40 +112,38 @@ impl Broker {
         m: &OutboxMessage,
         routing_key: &str,
     ) -> (Option<BoxedSpan>, HashMap<String, String>) {
-        let has_parent = m.headers.contains_key("traceparent");
-        let mut headers = m.headers.clone();
-        if !self.spans {
-            if !has_parent {
-                let context = Context::new().with_remote_span_context(fresh_span_context());
-                global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
-            }
-            return (None, headers);
-        }
-        let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
-        let tracer = global::tracer("outbox-relay");
-        let span = tracer
-            .span_builder(format!("publish {}", self.exchange))
-            .with_kind(SpanKind::Producer)
-            .with_attributes([
-                KeyValue::new(MESSAGING_SYSTEM, "rabbitmq"),
-                KeyValue::new(MESSAGING_OPERATION_TYPE, "send"),
-                KeyValue::new(MESSAGING_OPERATION_NAME, "publish"),
-                KeyValue::new(MESSAGING_DESTINATION_NAME, self.exchange.clone()),
-                KeyValue::new(
-                    MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY,
-                    routing_key.to_owned(),
-                ),
-                KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
-            ])
-            .start_with_context(&tracer, &parent);
+        let span = self.spans.then(|| {
+            let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
+            let tracer = global::tracer("outbox-relay");
+            tracer
+                .span_builder(format!("publish {}", self.exchange))
+                .with_kind(SpanKind::Producer)
+                .with_attributes([
+                    KeyValue::new(MESSAGING_SYSTEM, "rabbitmq"),
+                    KeyValue::new(MESSAGING_OPERATION_TYPE, "send"),
+                    KeyValue::new(MESSAGING_OPERATION_NAME, "publish"),
+                    KeyValue::new(MESSAGING_DESTINATION_NAME, self.exchange.clone()),
+                    KeyValue::new(
+                        MESSAGING_RABBITMQ_DESTINATION_ROUTING_KEY,
+                        routing_key.to_owned(),
+                    ),
+                    KeyValue::new(MESSAGING_MESSAGE_ID, m.id.clone()),
+                ])
+                .start_with_context(&tracer, &parent)
+        });
         // Stored headers travel unchanged (the contract), so a producer's
         // traceparent reaches consumers as written and they join its trace. An
-        // event stored without one gets this span's, so it can still be followed.
-        if !has_parent {
-            let context = parent.with_remote_span_context(span.span_context().clone());
+        // event stored without one gets this span's (or fresh ids), so it can
+        // still be followed.
+        let mut headers = m.headers.clone();
+        if !headers.contains_key("traceparent") {
+            let ids = span
+                .as_ref()
+                .map_or_else(fresh_span_context, |s| s.span_context().clone());
+            let context = Context::new().with_remote_span_context(ids);
             global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
         }
-        (Some(span), headers)
+        (span, headers)
     }
 
     fn report(&self, up: bool, detail: &str) {
