@@ -10,7 +10,8 @@
 //! next batch while the first one publishes, without waiting, so the claim round
 //! trip is off the critical path too. The batch claimed ahead is not published
 //! before the current one is confirmed: a slot still publishes one batch at a
-//! time, in order, and `--concurrency` still bounds what a crash can redeliver.
+//! time, in order, and a crash still redelivers at most two batches per slot
+//! (one being settled, one being published), claim-ahead or not.
 
 use std::{
     collections::BTreeMap,
