@@ -35,6 +35,11 @@ pub async fn connect(url: &str) -> anyhow::Result<PgConnection> {
     connect_as(url, "outbox-bench", &[]).await
 }
 
+/// A connection whose unqualified `outbox` is the one in `schema`.
+pub async fn connect_in(url: &str, schema: &str) -> anyhow::Result<PgConnection> {
+    connect_as(url, "outbox-bench", &[("search_path", schema)]).await
+}
+
 /// A classic relay worker's connection. Its SELECT is prepared and its plan
 /// cached, as outboxd's are: planned on an empty table it would stay a
 /// sequential scan while the table grows, so the worker prices sequential

@@ -194,9 +194,20 @@ pub async fn start_outboxd(
     log_dir: &Path,
     tag: &str,
 ) -> anyhow::Result<(Proc, SocketAddr)> {
+    start_outboxd_with(bins, db_url, log_dir, tag, &[]).await
+}
+
+/// outboxd with further arguments (e.g. more `--outbox` tables).
+pub async fn start_outboxd_with(
+    bins: &Binaries,
+    db_url: &str,
+    log_dir: &Path,
+    tag: &str,
+    extra: &[&str],
+) -> anyhow::Result<(Proc, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let args = vec![
+    let mut args = vec![
         "--database-url".to_owned(),
         db_url.to_owned(),
         "--listen".to_owned(),
@@ -204,6 +215,7 @@ pub async fn start_outboxd(
         "--metrics-listen".to_owned(),
         metrics.to_string(),
     ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     let mut proc = Proc::spawn(&format!("outboxd-{tag}"), &bins.outboxd, &args, log_dir)?;
     proc.metrics = Some(metrics);
     proc.wait_listening(addr, Duration::from_secs(60)).await?;

@@ -30,7 +30,7 @@ use crate::{
     scrape,
 };
 
-/// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS).
+/// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS, WAL).
 const CLAIM_SQL: &str = include_str!("../src/store/queries/claim.sql");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,9 +154,23 @@ pub struct ScalePoint {
     pub leases: u64,
     /// ClaimBatch(100) round trips, milliseconds.
     pub claim_ms: Vec<f64>,
+    /// The same claims from the empty table (no history, no leases, the same
+    /// pending rows), each taken next to one of `claim_ms`: the baseline of
+    /// this point, measured under the same conditions of the machine.
+    pub empty_ms: Vec<f64>,
     /// Execution time of the claim statement under EXPLAIN ANALYZE (rolled back).
     pub sql_ms: f64,
+    /// The same for the empty table.
+    pub empty_sql_ms: f64,
     pub plan: String,
+}
+
+impl ScalePoint {
+    /// Median claim time against the empty table's median at this point.
+    pub fn vs_empty(&self) -> f64 {
+        crate::stats::Spread::of(&self.claim_ms).median
+            / crate::stats::Spread::of(&self.empty_ms).median
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1122,15 +1136,72 @@ async fn latency_run(
 
 // ---------------------------------------------------------------- scale
 
+/// The schema of the empty table the scale scenario claims from beside every
+/// point, and its outbox name in outboxd.
+const EMPTY_SCHEMA: &str = "empty";
+
 async fn scale(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
     let db_name = &ctx.db_scale;
     let url = ctx.url(db_name)?;
-    let (outboxd, addr) = procs::start_outboxd(&ctx.bins, &url, &ctx.log_dir, "scale").await?;
+    let mut conn = db::connect(&url).await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS {EMPTY_SCHEMA}"
+    )))
+    .execute(&mut conn)
+    .await
+    .context("creating the empty table's schema")?;
+    let _ = conn.close().await;
+    // One outboxd serves both tables (it creates the empty one at start), so
+    // the two differ only in what they hold.
+    let empty_outbox = format!("{EMPTY_SCHEMA}={EMPTY_SCHEMA}.outbox");
+    let (outboxd, addr) = procs::start_outboxd_with(
+        &ctx.bins,
+        &url,
+        &ctx.log_dir,
+        "scale",
+        &[
+            "--outbox",
+            "default=public.outbox",
+            "--outbox",
+            &empty_outbox,
+        ],
+    )
+    .await?;
     ctx.record(&outboxd.cmdline).await;
     let outcome = scale_points(ctx, plan, &url, addr).await;
     outboxd.stop(Duration::from_secs(10)).await?;
     results.scale = outcome?;
     Ok(())
+}
+
+/// The two tables of a point: `public.outbox` with the history (and leases),
+/// and the empty table with only the same number of pending rows.
+struct ScaleTables {
+    history: sqlx::PgConnection,
+    empty: sqlx::PgConnection,
+}
+
+impl ScaleTables {
+    /// Fresh pending rows in both tables (plus `leases` rows leased for an hour
+    /// ahead of them in the history table), then one CHECKPOINT: every point,
+    /// and both tables of it, start from the same clean state.
+    async fn reset(&mut self, pending: u64, leases: u64) -> anyhow::Result<()> {
+        reset_pending(&mut self.history, pending + leases).await?;
+        if leases > 0 {
+            sqlx::query(
+                "UPDATE outbox SET lease_id = gen_random_uuid(), locked_until = now() + interval '1 hour', \
+                 attempts = 1, claimed_by = 'outbox-bench', claimed_at = now() \
+                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)",
+            )
+            .bind(i64::try_from(leases)?)
+            .execute(&mut self.history)
+            .await
+            .context("putting leases in flight")?;
+            db::vacuum_analyze(&mut self.history).await?;
+        }
+        reset_pending(&mut self.empty, pending).await?;
+        db::checkpoint(&mut self.history).await
+    }
 }
 
 async fn scale_points(
@@ -1142,7 +1213,10 @@ async fn scale_points(
     let mut client = OutboxServiceClient::connect(format!("http://{addr}"))
         .await
         .context("connecting to outboxd")?;
-    let mut conn = db::connect(url).await?;
+    let mut tables = ScaleTables {
+        history: db::connect(url).await?,
+        empty: db::connect_in(url, EMPTY_SCHEMA).await?,
+    };
     let mut points = Vec::new();
     let mut history_now = 0u64;
     let last = plan.history.len() - 1;
@@ -1151,53 +1225,37 @@ async fn scale_points(
             ctx.progress.doing(format!(
                 "scale: filling published history to {history} rows"
             ));
-            db::fill_history(&mut conn, history_now + 1, history - history_now).await?;
+            db::fill_history(&mut tables.history, history_now + 1, history - history_now).await?;
             history_now = history;
         }
-        for &pending in &plan.pending {
-            ctx.progress.doing(format!(
-                "scale: claims with {history} history, {pending} pending"
-            ));
-            reset_pending(&mut conn, pending).await?;
-            let point = measure_claims(plan, &mut client, &mut conn, history, pending, 0).await?;
-            ctx.progress.log(format!(
-                "scale h{history} p{pending}: claim median {:.2} ms, sql {:.2} ms",
-                crate::stats::Spread::of(&point.claim_ms).median,
-                point.sql_ms
-            ));
-            points.push(point);
-            ctx.progress.done_step();
-        }
+        let mut cases: Vec<(u64, u64)> = plan.pending.iter().map(|&p| (p, 0)).collect();
         if hi == 0 || hi == last {
-            let pending = plan.pending[0];
-            ctx.progress.doing(format!(
-                "scale: claims behind {} leases in flight, {history} history",
-                plan.leases
-            ));
-            reset_pending(&mut conn, pending + plan.leases).await?;
-            sqlx::query(
-                "UPDATE outbox SET lease_id = gen_random_uuid(), locked_until = now() + interval '1 hour', \
-                 attempts = 1, claimed_by = 'outbox-bench', claimed_at = now() \
-                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)",
-            )
-            .bind(i64::try_from(plan.leases)?)
-            .execute(&mut conn)
-            .await
-            .context("putting leases in flight")?;
-            db::vacuum_analyze(&mut conn).await?;
+            cases.push((plan.pending[0], plan.leases));
+        }
+        for (pending, leases) in cases {
+            ctx.progress.doing(if leases == 0 {
+                format!("scale: claims with {history} history, {pending} pending")
+            } else {
+                format!("scale: claims behind {leases} leases in flight, {history} history")
+            });
+            tables.reset(pending, leases).await?;
             let point =
-                measure_claims(plan, &mut client, &mut conn, history, pending, plan.leases).await?;
+                measure_claims(plan, &mut client, &mut tables, history, pending, leases).await?;
             ctx.progress.log(format!(
-                "scale h{history} p{pending} leases {}: claim median {:.2} ms, sql {:.2} ms",
-                plan.leases,
+                "scale h{history} p{pending} leases {leases}: claim median {:.2} ms \
+                 (empty table {:.2} ms, {:.2}×), sql {:.2} ms (empty {:.2} ms)",
                 crate::stats::Spread::of(&point.claim_ms).median,
-                point.sql_ms
+                crate::stats::Spread::of(&point.empty_ms).median,
+                point.vs_empty(),
+                point.sql_ms,
+                point.empty_sql_ms,
             ));
             points.push(point);
             ctx.progress.done_step();
         }
     }
-    let _ = conn.close().await;
+    let _ = tables.history.close().await;
+    let _ = tables.empty.close().await;
     Ok(points)
 }
 
@@ -1209,85 +1267,120 @@ async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::R
         .context("clearing pending rows")?;
     db::fill_pending(conn, Shape::Outboxd, 1, pending).await?;
     db::vacuum_analyze(conn).await?;
-    db::checkpoint(conn).await?;
     Ok(())
 }
 
-async fn measure_claims(
-    plan: &Plan,
-    client: &mut OutboxServiceClient<tonic::transport::Channel>,
+/// The claim statement under `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back:
+/// its plan and execution time, milliseconds.
+async fn explain_claim(
     conn: &mut sqlx::PgConnection,
-    history: u64,
-    pending: u64,
-    leases: u64,
-) -> anyhow::Result<ScalePoint> {
-    // The statement itself, rolled back, with its plan and buffers.
+    table: &str,
+) -> anyhow::Result<(String, f64)> {
     let sql = CLAIM_SQL
-        .replace("{table}", "public.outbox")
+        .replace("{table}", table)
         .replace("$1", "100")
         .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
         .replace("$3", "'60 seconds'")
         .replace("$4", "'outbox-bench'")
         .replace("$5", "10");
     let mut tx = conn.begin().await.context("BEGIN")?;
-    let lines: Vec<String> =
-        sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS) {sql}")))
-            .fetch_all(&mut *tx)
-            .await
-            .context("EXPLAIN ANALYZE of the claim")?;
+    let lines: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, WAL) {sql}"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .context("EXPLAIN ANALYZE of the claim")?;
     tx.rollback().await.context("ROLLBACK")?;
-    let plan_text = lines.join("\n");
-    let sql_ms = lines
+    let ms = lines
         .iter()
         .find_map(|l| l.trim().strip_prefix("Execution Time:"))
         .and_then(|v| v.trim().trim_end_matches("ms").trim().parse::<f64>().ok())
         .unwrap_or(f64::NAN);
+    Ok((lines.join("\n"), ms))
+}
 
+/// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack.
+async fn claim_once(
+    client: &mut OutboxServiceClient<tonic::transport::Channel>,
+    outbox: &str,
+) -> anyhow::Result<f64> {
+    let request = pb::ClaimBatchRequest {
+        outbox: outbox.to_owned(),
+        worker_id: "outbox-bench".into(),
+        max_messages: 100,
+        lease_duration: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+        wait: None,
+    };
+    let started = Instant::now();
+    let batch = tokio::time::timeout(Duration::from_secs(30), client.claim_batch(request))
+        .await
+        .context("ClaimBatch timed out")?
+        .context("ClaimBatch")?
+        .into_inner();
+    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    if batch.messages.len() != 100 {
+        bail!(
+            "scale: a claim returned {} messages, not 100",
+            batch.messages.len()
+        );
+    }
+    let ack = pb::AckRequest {
+        outbox: outbox.to_owned(),
+        lease_id: batch.lease_id.clone(),
+        message_ids: batch.messages.iter().map(|m| m.id.clone()).collect(),
+    };
+    tokio::time::timeout(Duration::from_secs(30), client.ack(ack))
+        .await
+        .context("Ack timed out")?
+        .context("Ack")?;
+    Ok(elapsed)
+}
+
+/// Claims from the point's table and from the empty table in turn (the order
+/// alternating), so both see the machine in the same state: on a shared host
+/// a baseline measured minutes earlier differs by more than history does.
+async fn measure_claims(
+    plan: &Plan,
+    client: &mut OutboxServiceClient<tonic::transport::Channel>,
+    tables: &mut ScaleTables,
+    history: u64,
+    pending: u64,
+    leases: u64,
+) -> anyhow::Result<ScalePoint> {
+    let (plan_text, sql_ms) = explain_claim(&mut tables.history, "public.outbox").await?;
+    let (_, empty_sql_ms) =
+        explain_claim(&mut tables.empty, &format!("{EMPTY_SCHEMA}.outbox")).await?;
     let mut claim_ms = Vec::with_capacity(plan.claims);
+    let mut empty_ms = Vec::with_capacity(plan.claims);
+    // The first few warm the connections and caches.
     for k in 0..plan.claims + 3 {
-        let request = pb::ClaimBatchRequest {
-            outbox: String::new(),
-            worker_id: "outbox-bench".into(),
-            max_messages: 100,
-            lease_duration: Some(prost_types::Duration {
-                seconds: 60,
-                nanos: 0,
-            }),
-            wait: None,
+        let (first, second) = if k % 2 == 0 {
+            ("", EMPTY_SCHEMA)
+        } else {
+            (EMPTY_SCHEMA, "")
         };
-        let started = Instant::now();
-        let batch = tokio::time::timeout(Duration::from_secs(30), client.claim_batch(request))
-            .await
-            .context("ClaimBatch timed out")?
-            .context("ClaimBatch")?
-            .into_inner();
-        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-        if batch.messages.len() != 100 {
-            bail!(
-                "scale: a claim returned {} messages, not 100",
-                batch.messages.len()
-            );
+        for outbox in [first, second] {
+            let ms = claim_once(client, outbox).await?;
+            if k >= 3 {
+                if outbox.is_empty() {
+                    claim_ms.push(ms);
+                } else {
+                    empty_ms.push(ms);
+                }
+            }
         }
-        // The first few warm the connections and caches.
-        if k >= 3 {
-            claim_ms.push(elapsed);
-        }
-        let ack = pb::AckRequest {
-            outbox: String::new(),
-            lease_id: batch.lease_id.clone(),
-            message_ids: batch.messages.iter().map(|m| m.id.clone()).collect(),
-        };
-        tokio::time::timeout(Duration::from_secs(30), client.ack(ack))
-            .await
-            .context("Ack timed out")?
-            .context("Ack")?;
     }
     Ok(ScalePoint {
         history,
         pending,
         leases,
         claim_ms,
+        empty_ms,
         sql_ms,
+        empty_sql_ms,
         plan: plan_text,
     })
 }
