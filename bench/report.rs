@@ -292,14 +292,26 @@ fn observations(plan: &Plan, r: &Results) -> Vec<String> {
     if let (Some((_, with)), Some((_, without))) = (trigger, untriggered)
         && *with < f64::from(plan.rate)
     {
+        // The producer test runs with no outboxd watching, so the trigger
+        // notifies on every commit; in the latency scenario outboxd keeps it
+        // quiet and producers commit at the trigger-free rate.
+        let verdict = if *without < f64::from(plan.rate) {
+            format!(
+                "Even without it, {} ev/s of one-event transactions is above this machine's commit rate here; \
+                 the latency scenario's latencies are measured at the rate the producer achieved (see the table).",
+                plan.rate
+            )
+        } else {
+            "outboxd keeps the trigger quiet while it sees inserts arriving (it probes the sequence instead), so \
+             the latency scenario's producers commit at the trigger-free rate."
+                .to_owned()
+        };
         out.push(format!(
-            "Producers: with outboxd's NOTIFY trigger, 16 connections commit {with:.0} one-event transactions/s; \
-             with the trigger disabled {without:.0}/s. PostgreSQL serializes the commits of transactions that \
-             NOTIFY (a cluster-wide lock taken before commit and held until after the WAL flush), so each such \
-             commit waits for the previous one's fsync and they cannot share a group commit. The latency scenario's \
-             {} ev/s, one event per transaction, cannot be produced against outboxd's table here; its latencies \
-             are measured at the rate the producer achieved (see the table).",
-            plan.rate
+            "Producers: with outboxd's NOTIFY trigger notifying every commit (no outboxd watching the table), \
+             16 connections commit {with:.0} one-event transactions/s; with the trigger disabled {without:.0}/s. \
+             PostgreSQL serializes the commits of transactions that NOTIFY (a cluster-wide lock taken before \
+             commit and held until after the WAL flush), so each such commit waits for the previous one's fsync \
+             and they cannot share a group commit. {verdict}"
         ));
     }
     out

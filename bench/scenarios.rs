@@ -849,7 +849,7 @@ async fn producer_ceiling(ctx: &Ctx, secs: u64) -> anyhow::Result<Vec<(String, f
     let cases = [
         ("classic table", &ctx.db_classic, Shape::Classic, true),
         (
-            "outboxd table (NOTIFY trigger)",
+            "outboxd table (NOTIFY trigger, no outboxd watching)",
             &ctx.db_outboxd,
             Shape::Outboxd,
             true,
