@@ -448,8 +448,8 @@ fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
         s,
         "One `ClaimBatch(max 100)` over gRPC, {} timed claims per point (after 3 warm-up claims), each acked \
          before the next (untimed). Each point has its own baseline: one outboxd serves the point's table and an \
-         empty table (`empty.outbox`: no history, no leases, the same number of pending rows), and the claims \
-         alternate between the two, so both are measured under the same conditions of the machine; `vs empty` \
+         empty table (`empty.outbox`: no history, no leases, the same number of pending rows; both keep the rows \
+         earlier points claimed and acked, the same number in each), and the claims alternate between the two, so both are measured under the same conditions of the machine; `vs empty` \
          is the ratio of the two medians. Before each point both tables get fresh pending rows, `VACUUM ANALYZE` \
          and one `CHECKPOINT`. History rows are published rows retained (`published_at` set directly by \
          `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows leased for an hour, \
