@@ -1357,19 +1357,18 @@ async fn measure_claims(
     let mut empty_ms = Vec::with_capacity(plan.claims);
     // The first few warm the connections and caches.
     for k in 0..plan.claims + 3 {
-        let (first, second) = if k % 2 == 0 {
-            ("", EMPTY_SCHEMA)
+        let order = if k % 2 == 0 {
+            [true, false]
         } else {
-            (EMPTY_SCHEMA, "")
+            [false, true]
         };
-        for outbox in [first, second] {
+        for of_history in order {
+            let outbox = if of_history { "default" } else { EMPTY_SCHEMA };
             let ms = claim_once(client, outbox).await?;
-            if k >= 3 {
-                if outbox.is_empty() {
-                    claim_ms.push(ms);
-                } else {
-                    empty_ms.push(ms);
-                }
+            match (k >= 3, of_history) {
+                (false, _) => {}
+                (true, true) => claim_ms.push(ms),
+                (true, false) => empty_ms.push(ms),
             }
         }
     }
