@@ -139,8 +139,16 @@ pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
 pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::Tracer) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
+    // Entering and leaving a span must stay cheap: sqlx re-enters the RPC span
+    // on every poll of a query's row stream, hundreds of times per call. Busy
+    // and idle times per span (tracked inactivity) cost a clock read and a lock
+    // each time, and activating the span's OpenTelemetry context on entry
+    // serves only code that reads `Context::current()`; every span here names
+    // its parent explicitly, and JSON logs look ids up by span.
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false)
         .with_filter(spans);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => fmt::layer().with_target(false).with_filter(filter).boxed(),
