@@ -12,5 +12,7 @@ WHERE o.id = ANY($2::uuid[])
   AND o.dead_lettered_at IS NULL
 RETURNING o.id, true AS held, false AS published, false AS dead_lettered,
           true AS applied, false AS dead_lettered_now,
-          o.created_at, o.claimed_at, o.claimed_by, o.attempts, o.headers,
+          o.created_at, o.claimed_at, o.claimed_by, o.attempts,
+          o.headers ->> 'traceparent' AS traceparent,
+          o.headers ->> 'tracestate' AS tracestate,
           now() AS settled_at
