@@ -286,11 +286,12 @@ impl ServerMetrics {
         self.add(&self.lease_lost, outbox, n);
     }
 
-    pub fn commit_to_ack(&self, outbox: &str, seconds: f64) {
-        self.commit_to_ack.record(
-            seconds.max(0.0),
-            &[KeyValue::new("outbox", outbox.to_owned())],
-        );
+    /// One observation per acked message; the label is built once per call.
+    pub fn commit_to_ack(&self, outbox: &str, seconds: impl IntoIterator<Item = f64>) {
+        let labels = [KeyValue::new("outbox", outbox.to_owned())];
+        for s in seconds {
+            self.commit_to_ack.record(s.max(0.0), &labels);
+        }
     }
 
     /// The latest sample of an outbox's gauges.
@@ -367,16 +368,35 @@ impl RelayMetrics {
             .add(n as u64, &[KeyValue::new("exchange", exchange.to_owned())]);
     }
 
-    pub fn settled(&self, exchange: &str, result: PublishResult, seconds: f64) {
+    /// A batch's outcomes, each with its seconds from send to confirm; counted
+    /// per batch, with the label built once, since this runs for every message.
+    pub fn settled(
+        &self,
+        exchange: &str,
+        outcomes: impl IntoIterator<Item = (PublishResult, f64)>,
+    ) {
         let attrs = [KeyValue::new("exchange", exchange.to_owned())];
-        match result {
-            PublishResult::Confirmed => {
-                self.confirmed.add(1, &attrs);
-                self.publish_duration.record(seconds, &attrs);
+        let (mut confirmed, mut returned, mut nacked, mut failed) = (0, 0, 0, 0);
+        for (result, seconds) in outcomes {
+            match result {
+                PublishResult::Confirmed => {
+                    confirmed += 1;
+                    self.publish_duration.record(seconds, &attrs);
+                }
+                PublishResult::Returned => returned += 1,
+                PublishResult::BrokerNacked => nacked += 1,
+                PublishResult::Failed => failed += 1,
             }
-            PublishResult::Returned => self.returned.add(1, &attrs),
-            PublishResult::BrokerNacked => self.broker_nacked.add(1, &attrs),
-            PublishResult::Failed => self.failed.add(1, &attrs),
+        }
+        for (counter, n) in [
+            (&self.confirmed, confirmed),
+            (&self.returned, returned),
+            (&self.broker_nacked, nacked),
+            (&self.failed, failed),
+        ] {
+            if n > 0 {
+                counter.add(n, &attrs);
+            }
         }
     }
 }

@@ -110,9 +110,14 @@ impl OutboxService {
         self.metrics.acked(outbox, count(&settled, Outcome::Ok));
         self.metrics
             .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        self.metrics.commit_to_ack(
+            outbox,
+            settled
+                .ended
+                .iter()
+                .map(|lease| (lease.ended_at - lease.created_at).as_seconds_f64()),
+        );
         for lease in &settled.ended {
-            let seconds = (lease.ended_at - lease.created_at).as_seconds_f64();
-            self.metrics.commit_to_ack(outbox, seconds);
             record_lease(outbox, lease, LeaseOutcome::Ok);
         }
         Ok(settled)

@@ -318,14 +318,13 @@ impl Publisher for AmqpPublisher {
             };
         broker.metrics.published(&broker.exchange, batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
+        let mut outcomes = Vec::with_capacity(batch.len());
         for (sent, span) in sent.into_iter().zip(spans) {
             let (delivery, result) = match sent {
                 Err(reason) => (Delivery::Failed(reason), PublishResult::Failed),
                 Ok(confirm) => confirmation(tokio::time::timeout_at(deadline, confirm).await),
             };
-            broker
-                .metrics
-                .settled(&broker.exchange, result, sent_at.elapsed().as_secs_f64());
+            outcomes.push((result, sent_at.elapsed().as_secs_f64()));
             if let Some(mut span) = span {
                 match &delivery {
                     Delivery::Confirmed => span.set_status(Status::Ok),
@@ -337,6 +336,7 @@ impl Publisher for AmqpPublisher {
             }
             deliveries.push(delivery);
         }
+        broker.metrics.settled(&broker.exchange, outcomes);
         if deliveries.iter().any(|d| matches!(d, Delivery::Failed(_))) {
             // Whatever failed may have broken the channel: start afresh next time.
             self.channel = None;
