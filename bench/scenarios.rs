@@ -1313,6 +1313,7 @@ async fn claim_once(
             nanos: 0,
         }),
         wait: None,
+        acks: Vec::new(),
     };
     let started = Instant::now();
     let batch = tokio::time::timeout(Duration::from_secs(30), client.claim_batch(request))

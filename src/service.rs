@@ -1,6 +1,7 @@
 //! The use cases behind the API. Everything but ClaimBatch is one store call;
-//! ClaimBatch adds the long poll: claim, and if nothing was claimable wait for a
-//! notification, a poll tick, the deadline or shutdown, then claim again.
+//! ClaimBatch first applies the acks it carries, then adds the long poll: claim,
+//! and if nothing was claimable wait for a notification, a poll tick, the
+//! deadline or shutdown, then claim again.
 //! Here, too, each outcome is counted and each ended lease reported as a span.
 
 use std::{sync::Arc, time::Duration};
@@ -11,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error,
-    lease::{AckRequest, ClaimRequest, ExtendRequest, NackRequest, Outcome, StatsRequest},
+    lease::{
+        AckRequest, ClaimRequest, ExtendRequest, MessageResult, NackRequest, Outcome, StatsRequest,
+    },
     metrics::ServerMetrics,
     store::{ClaimedBatch, PgStore, Settled, Stats},
     telemetry::{LeaseOutcome, record_lease},
@@ -49,6 +52,20 @@ impl OutboxService {
             stopping,
             metrics,
         }
+    }
+
+    /// ClaimBatch: the acks it carries first, one by one as Ack applies them,
+    /// then the claim with its long poll, so no wait ever holds an ack back.
+    /// An ack that fails fails the call before anything is claimed.
+    pub async fn ack_then_claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> Result<(Vec<MessageResult>, ClaimedBatch), Error> {
+        let mut acked = Vec::new();
+        for ack in &req.acks {
+            acked.extend(self.ack(ack).await?.results);
+        }
+        Ok((acked, self.claim(req).await?))
     }
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, Error> {

@@ -185,6 +185,7 @@ pub fn rpc_span(kind: &'static str, method: &str) -> tracing::Span {
         worker_id = Empty,
         lease_id = Empty,
         batch_size = Empty,
+        acked = Empty,
     )
 }
 

@@ -23,14 +23,31 @@ pub fn claim(
     req: &pb::ClaimBatchRequest,
     limits: &Limits,
 ) -> Result<ClaimRequest, Vec<FieldViolation>> {
-    ClaimRequest::parse(
+    let claim = ClaimRequest::parse(
         &req.outbox,
         &req.worker_id,
         req.max_messages,
         wire(req.lease_duration),
         wire(req.wait),
         limits,
-    )
+    );
+    let acks = AckRequest::parse_carried(
+        &req.outbox,
+        req.acks
+            .iter()
+            .map(|a| (a.lease_id.as_str(), a.message_ids.as_slice())),
+        limits,
+    );
+    // Every bad field at once, the claim's first.
+    match (claim, acks) {
+        (Ok(claim), Ok(acks)) => Ok(ClaimRequest { acks, ..claim }),
+        (claim, acks) => Err(claim
+            .err()
+            .into_iter()
+            .chain(acks.err())
+            .flatten()
+            .collect()),
+    }
 }
 
 pub fn ack(req: &pb::AckRequest, limits: &Limits) -> Result<AckRequest, Vec<FieldViolation>> {
@@ -80,14 +97,20 @@ pub fn duration(d: Duration) -> prost_types::Duration {
     }
 }
 
-pub fn claimed(batch: ClaimedBatch) -> pb::ClaimBatchResponse {
+/// The claimed batch, and the outcomes of the acks the claim carried.
+pub fn claimed(batch: ClaimedBatch, acked: Vec<MessageResult>) -> pb::ClaimBatchResponse {
+    let ack_results = acked.into_iter().map(result).collect();
     if batch.messages.is_empty() {
-        return pb::ClaimBatchResponse::default();
+        return pb::ClaimBatchResponse {
+            ack_results,
+            ..Default::default()
+        };
     }
     pb::ClaimBatchResponse {
         lease_id: batch.lease_id.to_string(),
         lease_expires_at: batch.expires_at.map(timestamp),
         messages: batch.messages.into_iter().map(message).collect(),
+        ack_results,
     }
 }
 

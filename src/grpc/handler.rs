@@ -59,12 +59,18 @@ impl Rpc for OutboxApi {
             if let Some(budget) = convert::client_deadline(request.metadata()) {
                 req.wait = req.wait.min(budget.saturating_sub(DEADLINE_MARGIN));
             }
-            let batch = self.service.claim(&req).await?;
+            if !req.acks.is_empty() {
+                span.record(
+                    "acked",
+                    req.acks.iter().map(|a| a.message_ids.len()).sum::<usize>(),
+                );
+            }
+            let (acked, batch) = self.service.ack_then_claim(&req).await?;
             span.record("batch_size", batch.messages.len());
             if !batch.messages.is_empty() {
                 span.record("lease_id", batch.lease_id.to_string());
             }
-            Ok(Response::new(convert::claimed(batch)))
+            Ok(Response::new(convert::claimed(batch, acked)))
         })
         .await
     }

@@ -13,5 +13,6 @@ pub use backoff::BackoffPolicy;
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, NackRequest, StatsRequest,
+    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, MAX_CARRIED_ACKS, NackRequest,
+    StatsRequest,
 };

@@ -54,6 +54,10 @@ impl Default for Limits {
 /// Longer Nack errors are cut here: it is a diagnostic, not a payload.
 pub const MAX_ERROR_CHARS: usize = 8 * 1024;
 
+/// Leases a ClaimBatch may ack on its way: a worker has one or two batches
+/// settling at a time, and one call's database work stays bounded.
+pub const MAX_CARRIED_ACKS: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
     pub outbox: OutboxName,
@@ -61,6 +65,8 @@ pub struct ClaimRequest {
     pub max_messages: u32,
     pub lease: Duration,
     pub wait: Duration,
+    /// Acks of earlier batches, applied before the claim (see [`AckRequest::parse_carried`]).
+    pub acks: Vec<AckRequest>,
 }
 
 #[derive(Debug, Clone)]
@@ -200,6 +206,7 @@ impl ClaimRequest {
                 max_messages: max_messages?,
                 lease: lease?,
                 wait: wait?,
+                acks: Vec::new(),
             })
         })
     }
@@ -222,6 +229,35 @@ impl AckRequest {
                 message_ids,
             })
         })
+    }
+
+    /// The acks a ClaimBatch carries, as `(lease_id, message_ids)`: each checked
+    /// as an Ack is, its violations named under `acks[i]` (`acks[0].lease_id`).
+    pub fn parse_carried<'a>(
+        outbox: &str,
+        acks: impl ExactSizeIterator<Item = (&'a str, &'a [String])>,
+        limits: &Limits,
+    ) -> Result<Vec<Self>, Vec<FieldViolation>> {
+        if acks.len() > MAX_CARRIED_ACKS {
+            let why = format!("at most {MAX_CARRIED_ACKS} leases per call");
+            return Err(vec![FieldViolation::new("acks", why)]);
+        }
+        let mut parsed = Vec::with_capacity(acks.len());
+        let mut violations = Vec::new();
+        for (i, (lease_id, message_ids)) in acks.enumerate() {
+            match Self::parse(outbox, lease_id, message_ids, limits) {
+                Ok(ack) => parsed.push(ack),
+                Err(bad) => violations.extend(bad.into_iter().map(|v| FieldViolation {
+                    field: format!("acks[{i}].{}", v.field),
+                    description: v.description,
+                })),
+            }
+        }
+        if violations.is_empty() {
+            Ok(parsed)
+        } else {
+            Err(violations)
+        }
     }
 }
 
@@ -367,6 +403,31 @@ mod tests {
         let err = AckRequest::parse("", ID, &[], &limits).expect_err("empty ids");
         assert_eq!(fields(err), ["message_ids"]);
         assert!(ExtendRequest::parse("", ID, &[], None, &limits).is_ok());
+    }
+
+    #[test]
+    fn carried_acks_are_checked_and_named_under_acks() {
+        let limits = Limits::default();
+        let good = vec![ID.to_owned()];
+        let bad = vec!["nope".to_owned()];
+        let acks = [(ID, good.as_slice()), ("x", bad.as_slice()), (ID, &[][..])];
+        let err =
+            AckRequest::parse_carried("orders", acks.into_iter(), &limits).expect_err("invalid");
+        assert_eq!(
+            fields(err),
+            [
+                "acks[1].lease_id",
+                "acks[1].message_ids[0]",
+                "acks[2].message_ids"
+            ]
+        );
+        let ok = AckRequest::parse_carried("orders", [(ID, good.as_slice())].into_iter(), &limits)
+            .expect("valid");
+        assert_eq!(ok.len(), 1);
+        assert_eq!(ok[0].outbox.as_str(), "orders");
+        let many = vec![(ID, good.as_slice()); MAX_CARRIED_ACKS + 1];
+        let err = AckRequest::parse_carried("", many.into_iter(), &limits).expect_err("too many");
+        assert_eq!(fields(err), ["acks"]);
     }
 
     #[test]

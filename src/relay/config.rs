@@ -64,6 +64,19 @@ pub struct RelayArgs {
     )]
     pub claim_ahead: bool,
 
+    /// Send a batch's acks with the slot's next claim instead of as an Ack call
+    /// of their own: one call per batch instead of two. A server that ignores
+    /// them (older than this field) is detected at the first claim, and the
+    /// relay falls back to Ack calls.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_ACK_WITH_CLAIM",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub ack_with_claim: bool,
+
     /// Recorded on claimed rows. Default: host name and process id.
     #[arg(long, env = "OUTBOX_RELAY_WORKER_ID")]
     pub worker_id: Option<String>,
@@ -159,6 +172,7 @@ pub struct RelayConfig {
     pub lease: Duration,
     pub concurrency: usize,
     pub claim_ahead: bool,
+    pub ack_with_claim: bool,
     pub worker_id: String,
     pub confirm_timeout: Duration,
     pub wait: Duration,
@@ -217,6 +231,7 @@ impl RelayArgs {
             lease: self.lease,
             concurrency: self.concurrency,
             claim_ahead: self.claim_ahead,
+            ack_with_claim: self.ack_with_claim,
             worker_id,
             confirm_timeout: self.confirm_timeout,
             wait: self.wait,
@@ -270,11 +285,19 @@ mod tests {
         assert_eq!(config.lease, Duration::from_secs(30));
         assert_eq!(config.concurrency, 4);
         assert!(config.claim_ahead);
-        let off = RelayArgs::try_parse_from(["outbox-relay", "--claim-ahead", "false"])
-            .expect("parses")
-            .validate()
-            .expect("valid");
+        assert!(config.ack_with_claim);
+        let off = RelayArgs::try_parse_from([
+            "outbox-relay",
+            "--claim-ahead",
+            "false",
+            "--ack-with-claim",
+            "false",
+        ])
+        .expect("parses")
+        .validate()
+        .expect("valid");
         assert!(!off.claim_ahead);
+        assert!(!off.ack_with_claim);
         assert!(
             config
                 .worker_id

@@ -35,6 +35,7 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         lease: config.lease,
         wait: config.wait,
         claim_ahead: config.claim_ahead,
+        ack_with_claim: config.ack_with_claim,
     });
     let server = Arc::new(ServerLink::default());
     let tasks = TaskTracker::new();
@@ -61,6 +62,7 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         worker_id = %config.worker_id,
         concurrency = config.concurrency,
         claim_ahead = config.claim_ahead,
+        ack_with_claim = config.ack_with_claim,
         "relaying"
     );
     stop.cancelled().await;

@@ -6,6 +6,12 @@
 //! busy instead of waiting on outboxd twice per batch. At most one batch per slot
 //! is being settled at a time, so settling can never fall behind without bound.
 //!
+//! With ack-with-claim, a batch's acks ride on the slot's next claim, which
+//! follows its confirms at once: one call per batch instead of two. Acks that
+//! no claim picks up before the next batch is published (or before the slot
+//! stops or backs off) go as an Ack call of their own, as do the acks of a
+//! claim that failed: a repeated ack is harmless (`ALREADY_DONE`).
+//!
 //! With claim-ahead, a slot that got a full batch (a backlog) also claims its
 //! next batch while the first one publishes, without waiting, so the claim round
 //! trip is off the critical path too. The batch claimed ahead is not published
@@ -15,7 +21,6 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -43,15 +48,24 @@ pub struct Settings {
     pub wait: Duration,
     /// Claim the next batch while a full one publishes.
     pub claim_ahead: bool,
+    /// Send a batch's acks with the next claim.
+    pub ack_with_claim: bool,
 }
 
-/// A claim on its way, and when it was sent: the lease runs from there.
-type Ahead = (Instant, JoinHandle<Result<pb::ClaimBatchResponse, Status>>);
+/// A claim on its way, when it was sent (the lease runs from there), and the
+/// acks it carries.
+type Ahead = (
+    Instant,
+    Option<Settlement>,
+    JoinHandle<Result<pb::ClaimBatchResponse, Status>>,
+);
 
-/// outboxd's reachability as last reported, so each change is logged once.
+/// outboxd's reachability as last reported, so each change is logged once, and
+/// whether it applies the acks a claim carries.
 #[derive(Debug)]
 pub struct ServerLink {
     up: AtomicBool,
+    ignores_carried_acks: AtomicBool,
 }
 
 impl Default for ServerLink {
@@ -59,6 +73,7 @@ impl Default for ServerLink {
         // Assume up: the first failure is then a change worth a line.
         Self {
             up: AtomicBool::new(true),
+            ignores_carried_acks: AtomicBool::new(false),
         }
     }
 }
@@ -74,6 +89,49 @@ impl ServerLink {
         if self.up.swap(false, Ordering::Relaxed) {
             tracing::warn!(code = ?status.code(), message = status.message(), "outboxd unavailable; retrying with backoff");
         }
+    }
+
+    /// A claim came back without results for the acks it carried: the server
+    /// predates them and dropped the field unread.
+    fn ignored_carried_acks(&self) {
+        if !self.ignores_carried_acks.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "outboxd ignores acks sent with a claim (an older server); acking with Ack calls"
+            );
+        }
+    }
+
+    fn takes_carried_acks(&self) -> bool {
+        !self.ignores_carried_acks.load(Ordering::Relaxed)
+    }
+}
+
+/// What is left to tell outboxd about one published batch.
+#[derive(Debug)]
+struct Settlement {
+    lease_id: String,
+    /// Confirmed by the broker.
+    acks: Vec<String>,
+    /// (reason, retry_after) -> ids: one Nack per distinct reason.
+    nacks: BTreeMap<(String, Option<Duration>), Vec<String>>,
+    /// Past this the lease has long expired and another worker owns the
+    /// messages: transient failures are retried until then only.
+    give_up: Instant,
+}
+
+impl Settlement {
+    /// The acks alone, taken out to ride on a claim.
+    fn take_acks(&mut self) -> Option<Settlement> {
+        (!self.acks.is_empty()).then(|| Settlement {
+            lease_id: self.lease_id.clone(),
+            acks: std::mem::take(&mut self.acks),
+            nacks: BTreeMap::new(),
+            give_up: self.give_up,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.acks.is_empty() && self.nacks.is_empty()
     }
 }
 
@@ -108,28 +166,33 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
     /// Runs until `stop`; a batch already claimed is published and settled first.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut settling: Option<JoinHandle<()>> = None;
-        self.claim_loop(&stop, &mut settling).await;
+        let left = self.claim_loop(&stop, &mut settling).await;
+        self.settle_later(&mut settling, left).await;
         if let Some(previous) = settling {
             let _ = previous.await;
         }
     }
 
+    /// Claims and publishes until `stop`; returns the acks no claim carried.
     async fn claim_loop(
         &mut self,
         stop: &CancellationToken,
         settling: &mut Option<JoinHandle<()>>,
-    ) {
+    ) -> Option<Settlement> {
         let mut failures = 0u32;
         let mut ahead: Option<Ahead> = None;
         // Whether the last publish reached the broker; claiming ahead while it
         // is unreachable would only cost the next batch an attempt.
         let mut broker_ok = true;
+        // The last batch's acks, for the next claim to carry.
+        let mut carry: Option<Settlement> = None;
         loop {
-            let (claimed_at, claim) = match ahead.take() {
+            let (claimed_at, carried, claim) = match ahead.take() {
                 // Claimed already: published even after a stop, like any batch
                 // in hand, rather than left to wait out its lease.
-                Some((claimed_at, handle)) => (
+                Some((claimed_at, carried, handle)) => (
                     claimed_at,
+                    carried,
                     handle
                         .await
                         .unwrap_or_else(|e| Err(Status::internal(e.to_string()))),
@@ -139,6 +202,8 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
                         break;
                     }
                     if self.publisher.ready().await.is_err() {
+                        // No claim soon: the acks go on their own.
+                        self.settle_later(settling, carry.take()).await;
                         failures += 1;
                         let delay = RETRY.delay(failures, &mut rand::rng());
                         if pause(stop, delay).await {
@@ -147,19 +212,31 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
                         continue;
                     }
                     let claimed_at = Instant::now();
+                    let carried = carry.take();
+                    let req = self.claim_request(self.settings.wait, carried.as_ref());
                     tokio::select! {
-                        () = stop.cancelled() => break,
-                        claim = self.leases.claim(self.claim_request(self.settings.wait)) => (claimed_at, claim),
+                        () = stop.cancelled() => {
+                            // Applied or not, they are sent again on their own.
+                            carry = carried;
+                            break;
+                        }
+                        claim = self.leases.claim(req) => (claimed_at, carried, claim),
                     }
                 }
             };
             let batch = match claim {
-                Ok(batch) => {
+                Ok(mut batch) => {
                     self.server.up();
                     failures = 0;
+                    if let Some(acks) = carried {
+                        let results = std::mem::take(&mut batch.ack_results);
+                        self.carried(acks, &results, settling).await;
+                    }
                     batch
                 }
                 Err(status) => {
+                    // The acks it carried may or may not have been applied.
+                    self.settle_later(settling, carried).await;
                     if is_transient(&status) {
                         self.server.down(&status);
                     } else {
@@ -184,41 +261,86 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
                 && !stop.is_cancelled()
             {
                 let leases = self.leases.clone();
-                let req = self.claim_request(Duration::ZERO);
+                let carried = carry.take();
+                let req = self.claim_request(Duration::ZERO, carried.as_ref());
                 ahead = Some((
                     Instant::now(),
+                    carried,
                     tokio::spawn(async move { leases.claim(req).await }),
                 ));
             }
-            let (settle, reached_broker) = self.relay(batch, claimed_at).await;
+            let (mut done, reached_broker) = self.relay(batch, claimed_at).await;
             broker_ok = reached_broker;
-            if let Some(previous) = settling.take() {
-                // Normally long done: one ack round trip against a whole publish.
-                let _ = previous.await;
-            }
-            *settling = Some(tokio::spawn(settle));
+            let acks = if self.settings.ack_with_claim && self.server.takes_carried_acks() {
+                done.take_acks()
+            } else {
+                None
+            };
+            // Acks no claim picked up while this batch published go now, on
+            // their own, rather than wait behind a second batch.
+            let stale = std::mem::replace(&mut carry, acks);
+            self.settle_later(settling, stale).await;
+            self.settle_later(settling, Some(done)).await;
+        }
+        carry
+    }
+
+    /// Starts the settle calls for `work` once the slot's previous ones are
+    /// done (normally long since: one round trip against a whole publish).
+    async fn settle_later(&self, settling: &mut Option<JoinHandle<()>>, work: Option<Settlement>) {
+        let Some(work) = work.filter(|w| !w.is_empty()) else {
+            return;
+        };
+        if let Some(previous) = settling.take() {
+            let _ = previous.await;
+        }
+        let leases = self.leases.clone();
+        let settings = Arc::clone(&self.settings);
+        *settling = Some(tokio::spawn(settle(leases, settings, work)));
+    }
+
+    /// Reports the outcomes of the acks a claim carried; a server that gave
+    /// none dropped them unread, so they are sent again as an Ack.
+    async fn carried(
+        &self,
+        acks: Settlement,
+        results: &[pb::MessageResult],
+        settling: &mut Option<JoinHandle<()>>,
+    ) {
+        if results.len() == acks.acks.len() {
+            report("ack", &acks.lease_id, acks.acks.len(), results);
+        } else {
+            self.server.ignored_carried_acks();
+            self.settle_later(settling, Some(acks)).await;
         }
     }
 
-    fn claim_request(&self, wait: Duration) -> pb::ClaimBatchRequest {
+    fn claim_request(&self, wait: Duration, acks: Option<&Settlement>) -> pb::ClaimBatchRequest {
         pb::ClaimBatchRequest {
             outbox: self.settings.outbox.clone(),
             worker_id: self.settings.worker_id.clone(),
             max_messages: self.settings.batch_size,
             lease_duration: Some(proto_duration(self.settings.lease)),
             wait: Some(proto_duration(wait)),
+            acks: acks
+                .map(|a| pb::LeaseAck {
+                    lease_id: a.lease_id.clone(),
+                    message_ids: a.acks.clone(),
+                })
+                .into_iter()
+                .collect(),
         }
     }
 
     /// Publishes one claimed batch, extending its lease (which runs from
-    /// `claimed_at`) while that runs long, and returns the settle calls (ack
+    /// `claimed_at`) while that runs long, and returns what to settle (ack
     /// what the broker confirmed, nack the rest) and whether every message
     /// reached the broker, confirmed or refused.
     async fn relay(
         &mut self,
         batch: pb::ClaimBatchResponse,
         claimed_at: Instant,
-    ) -> (impl Future<Output = ()> + Send + 'static, bool) {
+    ) -> (Settlement, bool) {
         let lease_id = batch.lease_id.clone();
         let half = self.settings.lease / 2;
         let deliveries = {
@@ -241,7 +363,6 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
         let reached_broker = deliveries.len() == batch.messages.len()
             && !deliveries.iter().any(|d| matches!(d, Delivery::Failed(_)));
         let mut acks = Vec::new();
-        // (reason, retry_after) -> ids: one Nack per distinct reason.
         let mut nacks: BTreeMap<(String, Option<Duration>), Vec<String>> = BTreeMap::new();
         for (message, delivery) in batch.messages.iter().zip(deliveries) {
             match delivery {
@@ -267,29 +388,25 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
                 .extend(missing);
         }
 
-        let give_up = Instant::now() + self.settings.lease * 2;
-        let settle = settle(
-            self.leases.clone(),
-            Arc::clone(&self.settings),
+        let done = Settlement {
             lease_id,
             acks,
             nacks,
-            give_up,
-        );
-        (settle, reached_broker)
+            give_up: Instant::now() + self.settings.lease * 2,
+        };
+        (done, reached_broker)
     }
 }
 
 /// Acks and nacks one published batch, retrying transient failures until
-/// `give_up`.
-async fn settle<L: Leases>(
-    leases: L,
-    settings: Arc<Settings>,
-    lease_id: String,
-    acks: Vec<String>,
-    nacks: BTreeMap<(String, Option<Duration>), Vec<String>>,
-    give_up: Instant,
-) {
+/// its `give_up`.
+async fn settle<L: Leases>(leases: L, settings: Arc<Settings>, done: Settlement) {
+    let Settlement {
+        lease_id,
+        acks,
+        nacks,
+        give_up,
+    } = done;
     if !acks.is_empty() {
         let count = acks.len();
         let req = pb::AckRequest {
@@ -419,7 +536,14 @@ mod tests {
     #[derive(Default)]
     struct Script {
         claims: VecDeque<Result<pb::ClaimBatchResponse, Status>>,
+        /// Every ack applied, in order: Ack calls and acks a claim carried.
         acks: Vec<pb::AckRequest>,
+        /// The leases whose acks came by Ack call, in order.
+        ack_calls: Vec<String>,
+        /// Per claim, the leases whose acks it carried.
+        carried: Vec<Vec<String>>,
+        /// Play a server older than carried acks: drop them unread.
+        ignore_carried: bool,
         nacks: Vec<pb::NackRequest>,
         extends: Vec<Instant>,
         /// When each claim was made and how long it was allowed to wait.
@@ -443,26 +567,36 @@ mod tests {
             });
             let next = self.script(|s| {
                 s.claimed.push((Instant::now(), wait));
+                s.carried
+                    .push(req.acks.iter().map(|a| a.lease_id.clone()).collect());
                 let next = s.claims.pop_front();
                 if let Some(stop) = s.stop_when_empty.as_ref().filter(|_| s.claims.is_empty()) {
                     stop.cancel();
                 }
                 next
             });
-            next.unwrap_or_else(|| Ok(pb::ClaimBatchResponse::default()))
+            let mut resp = next.unwrap_or_else(|| Ok(pb::ClaimBatchResponse::default()))?;
+            // Like the server: acks applied only when the claim succeeds.
+            if !self.script(|s| s.ignore_carried) {
+                for ack in req.acks {
+                    let ack = pb::AckRequest {
+                        outbox: req.outbox.clone(),
+                        lease_id: ack.lease_id,
+                        message_ids: ack.message_ids,
+                    };
+                    resp.ack_results.extend(ok_results(&ack.message_ids));
+                    self.script(|s| s.acks.push(ack));
+                }
+            }
+            Ok(resp)
         }
 
         async fn ack(&self, req: pb::AckRequest) -> Result<pb::AckResponse, Status> {
-            let results = req
-                .message_ids
-                .iter()
-                .map(|id| pb::MessageResult {
-                    message_id: id.clone(),
-                    outcome: pb::Outcome::Ok.into(),
-                    detail: String::new(),
-                })
-                .collect();
-            self.script(|s| s.acks.push(req));
+            let results = ok_results(&req.message_ids);
+            self.script(|s| {
+                s.ack_calls.push(req.lease_id.clone());
+                s.acks.push(req);
+            });
             Ok(pb::AckResponse { results })
         }
 
@@ -478,6 +612,16 @@ mod tests {
             self.script(|s| s.extends.push(Instant::now()));
             Ok(pb::ExtendLeaseResponse::default())
         }
+    }
+
+    fn ok_results(ids: &[String]) -> Vec<pb::MessageResult> {
+        ids.iter()
+            .map(|id| pb::MessageResult {
+                message_id: id.clone(),
+                outcome: pb::Outcome::Ok.into(),
+                detail: String::new(),
+            })
+            .collect()
     }
 
     /// Answers each message by a rule on its event type, after a delay, and
@@ -523,6 +667,7 @@ mod tests {
         pb::ClaimBatchResponse {
             lease_id: lease.into(),
             lease_expires_at: None,
+            ack_results: Vec::new(),
             messages: types
                 .iter()
                 .enumerate()
@@ -558,11 +703,23 @@ mod tests {
         publisher: FakePublisher,
         batch_size: u32,
     ) -> FakeLeases {
+        drive_as(claims, publisher, batch_size, true, false).await
+    }
+
+    /// Runs one slot over scripted claims until they are used up.
+    async fn drive_as(
+        claims: Vec<Result<pb::ClaimBatchResponse, Status>>,
+        publisher: FakePublisher,
+        batch_size: u32,
+        ack_with_claim: bool,
+        old_server: bool,
+    ) -> FakeLeases {
         let leases = FakeLeases::default();
         let stop = CancellationToken::new();
         leases.script(|s| {
             s.claims = claims.into();
             s.stop_when_empty = Some(stop.clone());
+            s.ignore_carried = old_server;
         });
         let settings = Arc::new(Settings {
             outbox: "default".into(),
@@ -571,6 +728,7 @@ mod tests {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(1),
             claim_ahead: true,
+            ack_with_claim,
         });
         Worker::new(leases.clone(), publisher, settings, Arc::default())
             .run(stop)
@@ -748,6 +906,123 @@ mod tests {
             assert_eq!(waits, [1, 0, 1]);
             assert_eq!(s.nacks.len(), 1);
             assert_eq!(s.acks.len(), 2);
+        });
+    }
+
+    /// Three short batches (run with batch size 3), one slot: each claim
+    /// follows the last publish.
+    fn three_short_batches() -> Vec<Result<pb::ClaimBatchResponse, Status>> {
+        vec![
+            Ok(leased("lease-a", "a", &["ok"])),
+            Ok(leased("lease-b", "b", &["ok", "lost"])),
+            Ok(leased("lease-c", "c", &["ok"])),
+        ]
+    }
+
+    fn acked_leases(s: &Script) -> Vec<&str> {
+        s.acks.iter().map(|a| a.lease_id.as_str()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_is_acked_by_the_next_claim() {
+        let publisher = FakePublisher::new(Duration::from_secs(1));
+        let leases = drive_as(three_short_batches(), publisher, 3, true, false).await;
+        leases.script(|s| {
+            assert_eq!(
+                s.carried,
+                [
+                    vec![],
+                    vec!["lease-a".to_owned()],
+                    vec!["lease-b".to_owned()]
+                ]
+            );
+            assert_eq!(acked_leases(s), ["lease-a", "lease-b", "lease-c"]);
+            assert_eq!(s.acks[1].message_ids, ["b0"], "only the confirmed one");
+            // The last batch has no claim after it: the stop sends its ack.
+            assert_eq!(s.ack_calls, ["lease-c"]);
+            assert_eq!(s.nacks.len(), 1, "nacks are calls of their own");
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_ack_with_claim_every_ack_is_a_call() {
+        let publisher = FakePublisher::new(Duration::from_secs(1));
+        let leases = drive_as(three_short_batches(), publisher, 3, false, false).await;
+        leases.script(|s| {
+            assert!(s.carried.iter().all(Vec::is_empty), "{:?}", s.carried);
+            assert_eq!(s.ack_calls, ["lease-a", "lease-b", "lease-c"]);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_an_older_server_dropped_are_sent_again_as_calls() {
+        let publisher = FakePublisher::new(Duration::from_secs(1));
+        let leases = drive_as(three_short_batches(), publisher, 3, true, true).await;
+        leases.script(|s| {
+            // The second claim carried a's acks and got no results for them:
+            // from then on acks are calls, a's included.
+            assert_eq!(
+                s.carried,
+                [vec![], vec!["lease-a".to_owned()], Vec::<String>::new()]
+            );
+            assert_eq!(s.ack_calls, ["lease-a", "lease-b", "lease-c"]);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_acks_of_a_failed_claim_are_sent_as_a_call() {
+        let publisher = FakePublisher::new(Duration::from_secs(1));
+        let leases = drive_as(
+            vec![
+                Ok(leased("lease-a", "a", &["ok"])),
+                Err(Status::unavailable("down")),
+                Ok(leased("lease-b", "b", &["ok"])),
+            ],
+            publisher,
+            2,
+            true,
+            false,
+        )
+        .await;
+        leases.script(|s| {
+            assert_eq!(s.carried[1], ["lease-a"], "the failed claim carried them");
+            assert!(s.carried[2].is_empty(), "then an Ack took them");
+            assert_eq!(s.ack_calls, ["lease-a", "lease-b"]);
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_made_ahead_carries_the_acks_of_the_batch_before() {
+        let publisher = FakePublisher::new(Duration::from_secs(5));
+        let leases = drive_with(
+            vec![
+                Ok(leased("lease-a", "a", &["ok", "ok"])),
+                Ok(leased("lease-b", "b", &["ok", "ok"])),
+                Ok(leased("lease-c", "c", &["ok", "ok"])),
+                Ok(leased("lease-d", "d", &["ok"])),
+            ],
+            publisher,
+            2,
+        )
+        .await;
+        leases.script(|s| {
+            // a, then b ahead at once (nothing confirmed yet); c ahead when b
+            // starts (a confirmed); d ahead when c starts (b confirmed). c's
+            // acks find no claim before d is published, so they go as a call.
+            assert_eq!(
+                s.carried,
+                [
+                    vec![],
+                    vec![],
+                    vec!["lease-a".to_owned()],
+                    vec!["lease-b".to_owned()]
+                ]
+            );
+            assert_eq!(s.ack_calls, ["lease-c", "lease-d"]);
+            assert_eq!(
+                acked_leases(s),
+                ["lease-a", "lease-b", "lease-c", "lease-d"]
+            );
         });
     }
 }

@@ -2,9 +2,13 @@
 
 use std::time::Duration;
 
+use outboxd::grpc::pb::LeaseAck;
 use uuid::Uuid;
 
-use crate::support::{ALREADY_DONE, LEASE_LOST, NOT_FOUND, OK, TestApp, ids, secs, wait_until};
+use crate::support::{
+    ALREADY_DONE, LEASE_LOST, NOT_FOUND, OK, TestApp, claim_request, ids, outcomes, secs,
+    wait_until,
+};
 
 #[tokio::test]
 async fn ack_outcomes_come_back_one_per_id_in_request_order() {
@@ -107,4 +111,66 @@ async fn acked_rows_are_never_claimed_again() {
             .await,
         3
     );
+}
+
+#[tokio::test]
+async fn a_claim_applies_the_acks_it_carries_with_ack_outcomes() {
+    let app = TestApp::spawn().await;
+    app.insert(4).await;
+    let first = app.claim("w", 2, secs(30), Duration::ZERO).await;
+    let missing = Uuid::new_v4().to_string();
+    let mut carried = ids(&first);
+    carried.push(missing);
+    let mut req = claim_request("", "w", 2, secs(30), Duration::ZERO);
+    req.acks = vec![LeaseAck {
+        lease_id: first.lease_id.clone(),
+        message_ids: carried.clone(),
+    }];
+
+    let second = app.try_claim(req.clone()).await.expect("ClaimBatch");
+    assert_eq!(
+        outcomes(&carried, &second.ack_results),
+        [OK, OK, NOT_FOUND],
+        "one outcome per carried id, as Ack answers"
+    );
+    for id in ids(&first) {
+        assert!(app.row(&id).await.published_at.is_some(), "{id} acked");
+    }
+    assert_eq!(second.messages.len(), 2, "and the claim still claims");
+    assert!(ids(&second).iter().all(|id| !carried.contains(id)));
+
+    // Carried again (a retry after a lost answer): harmless.
+    let third = app.try_claim(req).await.expect("ClaimBatch");
+    assert_eq!(
+        outcomes(&carried, &third.ack_results),
+        [ALREADY_DONE, ALREADY_DONE, NOT_FOUND]
+    );
+    assert!(third.messages.is_empty(), "the other two are leased");
+}
+
+#[tokio::test]
+async fn carried_acks_are_applied_before_the_long_poll_waits() {
+    let app = TestApp::spawn().await;
+    app.insert(1).await;
+    let first = app.claim("w", 1, secs(30), Duration::ZERO).await;
+    let id = first.messages[0].id.clone();
+    let mut req = claim_request("", "w", 10, secs(30), secs(4));
+    req.acks = vec![LeaseAck {
+        lease_id: first.lease_id.clone(),
+        message_ids: vec![id.clone()],
+    }];
+    let poll = {
+        let mut client = app.client.clone();
+        tokio::spawn(async move { client.claim_batch(req).await })
+    };
+    wait_until(
+        secs(3),
+        "the carried ack is applied while the claim still waits",
+        async || app.row(&id).await.published_at.is_some(),
+    )
+    .await;
+    assert!(!poll.is_finished(), "the long poll is still waiting");
+    let answer = poll.await.expect("task").expect("ClaimBatch").into_inner();
+    assert!(answer.messages.is_empty());
+    assert_eq!(outcomes(&[id], &answer.ack_results), [OK]);
 }

@@ -3,7 +3,7 @@
 
 use std::{fmt::Debug, time::Duration};
 
-use outboxd::grpc::pb::{AckRequest, ClaimBatchRequest, ExtendLeaseRequest, NackRequest};
+use outboxd::grpc::pb::{AckRequest, ClaimBatchRequest, ExtendLeaseRequest, LeaseAck, NackRequest};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use uuid::Uuid;
@@ -60,7 +60,7 @@ async fn app_with_work() -> (TestApp, String, String, String) {
 
 #[tokio::test]
 async fn malformed_claim_requests_are_refused_and_change_nothing() {
-    let (app, _, _, before) = app_with_work().await;
+    let (app, lease, held, before) = app_with_work().await;
     let claim = async |req: ClaimBatchRequest| app.client.clone().claim_batch(req).await;
     let valid = || claim_request("", "w", 10, secs(30), Duration::ZERO);
 
@@ -134,7 +134,27 @@ async fn malformed_claim_requests_are_refused_and_change_nothing() {
         max_messages: 0,
         lease_duration: wire(-1, 0),
         wait: wire(-1, 0),
+        acks: vec![LeaseAck {
+            lease_id: "nope".into(),
+            message_ids: vec![Uuid::new_v4().to_string()],
+        }],
     };
+    // A bad carried ack refuses the claim too: nothing acked, nothing claimed.
+    let mut bad_ack = claim_request("", "w", 10, secs(30), Duration::ZERO);
+    bad_ack.acks = vec![LeaseAck {
+        lease_id: lease.clone(),
+        message_ids: vec![held.clone(), "nope".into()],
+    }];
+    assert_invalid(claim(bad_ack.clone()).await, "acks[0].message_ids[1]");
+    bad_ack.acks = vec![
+        LeaseAck {
+            lease_id: lease.clone(),
+            message_ids: vec![held.clone()],
+        };
+        17
+    ];
+    assert_invalid(claim(bad_ack).await, "acks");
+
     let status = claim(all_bad).await.expect_err("refused");
     let details = status
         .get_details_bad_request()
@@ -146,7 +166,13 @@ async fn malformed_claim_requests_are_refused_and_change_nothing() {
         .collect();
     assert_eq!(
         fields,
-        ["worker_id", "max_messages", "lease_duration", "wait"]
+        [
+            "worker_id",
+            "max_messages",
+            "lease_duration",
+            "wait",
+            "acks[0].lease_id"
+        ]
     );
 
     assert_eq!(

@@ -755,6 +755,7 @@ pub fn claim_request(
         max_messages: max,
         lease_duration: dur(lease),
         wait: dur(wait),
+        acks: Vec::new(),
     }
 }
 
