@@ -81,12 +81,15 @@ pub enum Cycle {
         mark: f64,
     },
     Outboxd {
-        /// ClaimBatch inside outboxd.
+        /// ClaimBatch inside outboxd, with the acks it carries.
         claim: f64,
         /// From a batch's send to a message's confirm, mean over messages.
         confirm: f64,
-        /// Ack inside outboxd; the relay overlaps it with the next batch.
-        ack: f64,
+        /// Ack calls inside outboxd (the relay overlaps them with the next
+        /// batch); `None` when every ack rode on a claim.
+        ack: Option<f64>,
+        /// Ack calls per claim that returned a batch.
+        ack_calls_per_batch: f64,
     },
 }
 
@@ -103,7 +106,8 @@ impl Cycle {
                 claim,
                 confirm,
                 ack,
-            } => [claim, confirm, ack],
+                ..
+            } => [claim, confirm, ack.unwrap_or(f64::NAN)],
         }
     }
 }
@@ -570,18 +574,21 @@ async fn outboxd_cycle(outboxd: &procs::Proc, relay: &procs::Proc) -> (u64, Opti
         return (0, None);
     };
     let (_, batches) = scrape::histogram(&server, "outbox_claim_batch_size", "", "");
-    (batches as u64, outboxd_parts(&server, &client))
+    (batches as u64, outboxd_parts(&server, &client, batches))
 }
 
 fn outboxd_parts(
     server: &prometheus_parse::Scrape,
     relay: &prometheus_parse::Scrape,
+    batches: f64,
 ) -> Option<Cycle> {
     let rpc = "outbox_rpc_duration_seconds";
+    let (_, ack_calls) = scrape::histogram(server, rpc, "method", "Ack");
     Some(Cycle::Outboxd {
         claim: scrape::mean_ms(server, rpc, "method", "ClaimBatch")?,
         confirm: scrape::mean_ms(relay, "outbox_relay_publish_duration_seconds", "", "")?,
-        ack: scrape::mean_ms(server, rpc, "method", "Ack")?,
+        ack: scrape::mean_ms(server, rpc, "method", "Ack"),
+        ack_calls_per_batch: ack_calls / batches.max(1.0),
     })
 }
 
