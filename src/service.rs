@@ -1,7 +1,7 @@
 //! The use cases behind the API. Everything but ClaimBatch is one store call;
-//! ClaimBatch first applies the acks it carries, then adds the long poll: claim,
-//! and if nothing was claimable wait for a notification, a poll tick, the
-//! deadline or shutdown, then claim again.
+//! ClaimBatch applies the acks it carries beside its claim, and adds the long
+//! poll: claim, and if nothing was claimable wait for a notification, a poll
+//! tick, the deadline or shutdown, then claim again.
 //! Here, too, each outcome is counted and each ended lease reported as a span.
 
 use std::{sync::Arc, time::Duration};
@@ -54,18 +54,30 @@ impl OutboxService {
         }
     }
 
-    /// ClaimBatch: the acks it carries first, one by one as Ack applies them,
-    /// then the claim with its long poll, so no wait ever holds an ack back.
-    /// An ack that fails fails the call before anything is claimed.
+    /// ClaimBatch: the acks it carries, one by one as Ack applies them, beside
+    /// the claim with its long poll, so neither waits for the other (run one
+    /// after the other, the ack's statement delayed every claim behind it).
+    /// The two touch different rows; where a lease has expired and the claim
+    /// takes its row back, row locks order them and the ack reports
+    /// LEASE_LOST or the claim skips the published row, as with two calls.
+    /// An ack that fails fails the call; rows the claim took meanwhile come
+    /// back when their lease expires, as with any lost answer.
     pub async fn ack_then_claim(
         &self,
         req: &ClaimRequest,
     ) -> Result<(Vec<MessageResult>, ClaimedBatch), Error> {
-        let mut acked = Vec::new();
-        for ack in &req.acks {
-            acked.extend(self.ack(ack).await?.results);
+        if req.acks.is_empty() {
+            return Ok((Vec::new(), self.claim(req).await?));
         }
-        Ok((acked, self.claim(req).await?))
+        let acks = async {
+            let mut acked = Vec::new();
+            for ack in &req.acks {
+                acked.extend(self.ack(ack).await?.results);
+            }
+            Ok::<_, Error>(acked)
+        };
+        let (acked, batch) = tokio::join!(acks, self.claim(req));
+        Ok((acked?, batch?))
     }
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, Error> {
