@@ -234,12 +234,12 @@ pub async fn wal_lsn(admin: &PgPool) -> anyhow::Result<f64> {
 
 /// outboxd's part of a latency run on the database's clock, milliseconds:
 /// the producer's INSERT → the claim that leased the row, and that claim →
-/// its ack (publish, confirm, ack), p50 and p99 over the rows published
+/// its ack (publish, confirm, ack), p50, p99 and max over the rows published
 /// after the run's first second (its warm-up).
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseStages {
-    pub to_claim: [f64; 2],
-    pub to_ack: [f64; 2],
+    pub to_claim: [f64; 3],
+    pub to_ack: [f64; 3],
 }
 
 pub async fn lease_stages(conn: &mut PgConnection) -> anyhow::Result<Option<LeaseStages>> {
@@ -248,9 +248,9 @@ pub async fn lease_stages(conn: &mut PgConnection) -> anyhow::Result<Option<Leas
              SELECT created_at, claimed_at, published_at FROM outbox \
              WHERE published_at IS NOT NULL \
                AND created_at >= (SELECT min(created_at) FROM outbox) + interval '1 second') \
-         SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP \
+         SELECT percentile_cont(ARRAY[0.5, 0.99, 1.0]) WITHIN GROUP \
                     (ORDER BY extract(epoch FROM claimed_at - created_at)::float8 * 1000), \
-                percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP \
+                percentile_cont(ARRAY[0.5, 0.99, 1.0]) WITHIN GROUP \
                     (ORDER BY extract(epoch FROM published_at - claimed_at)::float8 * 1000) \
          FROM run",
     )
@@ -258,7 +258,7 @@ pub async fn lease_stages(conn: &mut PgConnection) -> anyhow::Result<Option<Leas
     .await
     .context("reading the lease stages of the latency run")?;
     let pair = |v: Option<Vec<f64>>| match v.as_deref() {
-        Some(&[p50, p99]) => Some([p50, p99]),
+        Some(&[p50, p99, max]) => Some([p50, p99, max]),
         _ => None,
     };
     Ok(pair(row.0)
