@@ -427,6 +427,7 @@ def test_all_options(render):
     relay_env = _env(_containers(r.relay())[0])
     assert relay_env["OUTBOX_RELAY_NO_DECLARE"] == "true"
     assert relay_env["OUTBOX_RELAY_CLAIM_AHEAD"] == "false"
+    assert relay_env["OUTBOX_RELAY_ACK_WITH_CLAIM"] == "false"
     assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
     assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9090"
 
