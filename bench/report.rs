@@ -691,17 +691,11 @@ fn cycle_table(s: &mut String, r: &Results) {
                     let calls = Spread::of(
                         &timed
                             .iter()
-                            .map(|(_, c)| match c {
-                                Cycle::Outboxd {
-                                    ack_calls_per_batch,
-                                    ..
-                                } => *ack_calls_per_batch,
-                                Cycle::Classic { .. } => f64::NAN,
-                            })
+                            .map(|(_, c)| c.ack_calls_per_batch())
                             .collect::<Vec<_>>(),
                     )
                     .median;
-                    let acks = if med(2).is_finite() && calls > 0.0 {
+                    let acks = if calls > 0.0 {
                         format!(
                             "Ack calls in outboxd {:.2} (beside the next batch; {:.1} per 100 batches, the other acks carried by claims)",
                             med(2),

@@ -110,6 +110,17 @@ impl Cycle {
             } => [claim, confirm, ack.unwrap_or(f64::NAN)],
         }
     }
+
+    /// outboxd's Ack calls per batch; NaN for the classic relay.
+    pub fn ack_calls_per_batch(&self) -> f64 {
+        match *self {
+            Self::Outboxd {
+                ack_calls_per_batch,
+                ..
+            } => ack_calls_per_batch,
+            Self::Classic { .. } => f64::NAN,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -62,7 +62,7 @@ impl OutboxService {
     /// LEASE_LOST or the claim skips the published row, as with two calls.
     /// An ack that fails fails the call; rows the claim took meanwhile come
     /// back when their lease expires, as with any lost answer.
-    pub async fn ack_then_claim(
+    pub async fn claim_with_acks(
         &self,
         req: &ClaimRequest,
     ) -> Result<(Vec<MessageResult>, ClaimedBatch), Error> {

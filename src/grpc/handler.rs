@@ -65,7 +65,7 @@ impl Rpc for OutboxApi {
                     req.acks.iter().map(|a| a.message_ids.len()).sum::<usize>(),
                 );
             }
-            let (acked, batch) = self.service.ack_then_claim(&req).await?;
+            let (acked, batch) = self.service.claim_with_acks(&req).await?;
             span.record("batch_size", batch.messages.len());
             if !batch.messages.is_empty() {
                 span.record("lease_id", batch.lease_id.to_string());
