@@ -121,6 +121,18 @@ pub fn fresh_span_context() -> SpanContext {
     )
 }
 
+/// A W3C `traceparent` header value for `ids`, as the trace-context
+/// propagator writes it, without the global propagator's lock and carrier: the
+/// relay writes one for every message stored without one.
+pub fn traceparent(ids: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        ids.trace_id(),
+        ids.span_id(),
+        ids.trace_flags() & TraceFlags::SAMPLED
+    )
+}
+
 /// Installs logs and traces for a binary. Call once, inside the runtime.
 pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
     MESSAGE_SPANS.store(otlp_configured(), Ordering::Relaxed);
@@ -282,4 +294,26 @@ pub fn record_lease(outbox: &str, lease: &crate::store::EndedLease, outcome: Lea
         LeaseOutcome::Nacked => {}
     }
     span.end_with_timestamp(std::time::SystemTime::from(lease.ended_at));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use opentelemetry::{propagation::TextMapPropagator as _, trace::TraceContextExt as _};
+
+    use super::*;
+
+    #[test]
+    fn traceparent_is_what_the_trace_context_propagator_writes() {
+        let propagator = TraceContextPropagator::new();
+        for ids in [fresh_span_context(), fresh_span_context()] {
+            let mut carrier = HashMap::new();
+            let context = opentelemetry::Context::new().with_remote_span_context(ids.clone());
+            propagator.inject_context(&context, &mut carrier);
+            assert_eq!(carrier.get("traceparent"), Some(&traceparent(&ids)));
+            let read = propagator.extract(&carrier);
+            assert_eq!(read.span().span_context().trace_id(), ids.trace_id());
+        }
+    }
 }

@@ -2,7 +2,6 @@
 //! channel per in-flight slot, reconnected on demand after any failure.
 
 use std::{
-    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -16,9 +15,9 @@ use lapin::{
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 use opentelemetry::{
-    Context, KeyValue, global,
+    KeyValue, global,
     global::BoxedSpan,
-    trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _},
+    trace::{Span as _, SpanKind, Status, Tracer as _},
 };
 use opentelemetry_semantic_conventions::attribute::{
     MESSAGING_DESTINATION_NAME, MESSAGING_MESSAGE_ID, MESSAGING_OPERATION_NAME,
@@ -104,14 +103,14 @@ impl Broker {
     }
 
     /// A producer span per message, in the producer's trace (its stored
-    /// `traceparent`), and the headers to publish. Without an exporter no span
-    /// is built (see `telemetry::message_spans`); an event stored without a
-    /// `traceparent` still gets a fresh one, so it can be followed downstream.
+    /// `traceparent`), and the `traceparent` to add to the message when the
+    /// event was stored without one: the span's, or fresh ids when no span is
+    /// built (see `telemetry::message_spans`), so it can be followed downstream.
     fn publish_span(
         &self,
         m: &OutboxMessage,
         routing_key: &str,
-    ) -> (Option<BoxedSpan>, HashMap<String, String>) {
+    ) -> (Option<BoxedSpan>, Option<String>) {
         let span = self.spans.then(|| {
             let parent = global::get_text_map_propagator(|p| p.extract(&m.headers));
             let tracer = global::tracer("outbox-relay");
@@ -132,18 +131,14 @@ impl Broker {
                 .start_with_context(&tracer, &parent)
         });
         // Stored headers travel unchanged (the contract), so a producer's
-        // traceparent reaches consumers as written and they join its trace. An
-        // event stored without one gets this span's (or fresh ids), so it can
-        // still be followed.
-        let mut headers = m.headers.clone();
-        if !headers.contains_key("traceparent") {
+        // traceparent reaches consumers as written and they join its trace.
+        let traceparent = (!m.headers.contains_key("traceparent")).then(|| {
             let ids = span
                 .as_ref()
                 .map_or_else(fresh_span_context, |s| s.span_context().clone());
-            let context = Context::new().with_remote_span_context(ids);
-            global::get_text_map_propagator(|p| p.inject_context(&context, &mut headers));
-        }
-        (span, headers)
+            telemetry::traceparent(&ids)
+        });
+        (span, traceparent)
     }
 
     fn report(&self, up: bool, detail: &str) {
@@ -157,19 +152,22 @@ impl Broker {
         }
     }
 
-    /// AMQP properties; `trace_headers` are the producer's headers, with a
-    /// `traceparent` added when the event had none.
-    fn properties(
-        &self,
-        m: &OutboxMessage,
-        trace_headers: &HashMap<String, String>,
-    ) -> BasicProperties {
+    /// AMQP properties: the stored headers, the `traceparent` to add when the
+    /// event has none, and ours.
+    fn properties(&self, m: &OutboxMessage, traceparent: Option<String>) -> BasicProperties {
         let mut headers = FieldTable::default();
-        // Producer headers first, so ours win on a clash.
-        for (key, value) in trace_headers {
+        // Producer headers first, so ours win on a clash. Built straight from
+        // the claimed message: this runs for every message published.
+        for (key, value) in &m.headers {
             headers.insert(
                 ShortString::from(key.as_str()),
                 AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        if let Some(traceparent) = traceparent {
+            headers.insert(
+                "traceparent".into(),
+                AMQPValue::LongString(LongString::from(traceparent)),
             );
         }
         headers.insert(
@@ -283,7 +281,7 @@ impl Publisher for AmqpPublisher {
             .iter()
             .map(|m| {
                 let routing_key = broker.routing_key.render(&m.event_type, &m.aggregate_id);
-                let (span, trace_headers) = broker.publish_span(m, &routing_key);
+                let (span, traceparent) = broker.publish_span(m, &routing_key);
                 spans.push(span);
                 channel.basic_publish(
                     broker.exchange.as_str().into(),
@@ -293,7 +291,7 @@ impl Publisher for AmqpPublisher {
                         ..BasicPublishOptions::default()
                     },
                     &m.payload,
-                    broker.properties(m, &trace_headers),
+                    broker.properties(m, traceparent),
                 )
             })
             .collect();
@@ -348,7 +346,9 @@ impl Publisher for AmqpPublisher {
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
-    use opentelemetry::trace::SpanContext;
+    use std::collections::HashMap;
+
+    use opentelemetry::trace::{SpanContext, TraceContextExt as _};
     use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider};
 
     use super::*;
@@ -383,11 +383,20 @@ mod tests {
         }
     }
 
-    fn context_of(headers: &HashMap<String, String>) -> SpanContext {
-        global::get_text_map_propagator(|p| p.extract(headers))
+    /// What a consumer's propagator reads from the published `traceparent`.
+    fn context_of(traceparent: Option<&String>) -> SpanContext {
+        let carrier: HashMap<_, _> = traceparent
+            .map(|t| ("traceparent".to_owned(), t.clone()))
+            .into_iter()
+            .collect();
+        global::get_text_map_propagator(|p| p.extract(&carrier))
             .span()
             .span_context()
             .clone()
+    }
+
+    fn header<'a>(props: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
+        props.headers().as_ref()?.inner().get(key)
     }
 
     const STORED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -396,18 +405,32 @@ mod tests {
     async fn an_event_without_a_traceparent_gets_one_with_or_without_spans() {
         for spans in [true, false] {
             let broker = broker(spans);
-            let (span, headers) = broker.publish_span(&message(&[("k", "v")]), "order.paid");
+            let m = message(&[("k", "v")]);
+            let (span, traceparent) = broker.publish_span(&m, "order.paid");
             assert_eq!(span.is_some(), spans);
-            let context = context_of(&headers);
-            assert!(context.is_valid(), "spans {spans}: {headers:?}");
+            let context = context_of(traceparent.as_ref());
+            assert!(context.is_valid(), "spans {spans}: {traceparent:?}");
             assert!(context.is_sampled());
-            assert_eq!(headers.get("k").map(String::as_str), Some("v"));
+            if let Some(span) = &span {
+                assert_eq!(span.span_context().trace_id(), context.trace_id());
+            }
+            let props = broker.properties(&m, traceparent.clone());
+            assert_eq!(
+                header(&props, "traceparent"),
+                traceparent
+                    .map(|t| AMQPValue::LongString(t.into()))
+                    .as_ref()
+            );
+            assert_eq!(
+                header(&props, "k"),
+                Some(&AMQPValue::LongString("v".into()))
+            );
         }
         let (_, first) = broker(false).publish_span(&message(&[]), "k");
         let (_, second) = broker(false).publish_span(&message(&[]), "k");
         assert_ne!(
-            context_of(&first).trace_id(),
-            context_of(&second).trace_id(),
+            context_of(first.as_ref()).trace_id(),
+            context_of(second.as_ref()).trace_id(),
             "each event starts its own trace"
         );
     }
@@ -415,9 +438,14 @@ mod tests {
     #[tokio::test]
     async fn a_stored_traceparent_is_published_unchanged_with_or_without_spans() {
         for spans in [true, false] {
-            let (_, headers) =
-                broker(spans).publish_span(&message(&[("traceparent", STORED)]), "order.paid");
-            assert_eq!(headers.get("traceparent").map(String::as_str), Some(STORED));
+            let broker = broker(spans);
+            let m = message(&[("traceparent", STORED)]);
+            let (_, traceparent) = broker.publish_span(&m, "order.paid");
+            assert_eq!(traceparent, None);
+            assert_eq!(
+                header(&broker.properties(&m, traceparent), "traceparent"),
+                Some(&AMQPValue::LongString(STORED.into()))
+            );
         }
     }
 }
