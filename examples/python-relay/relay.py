@@ -4,7 +4,8 @@
 Each in-flight slot (a thread) loops: ClaimBatch (long-poll) -> publish every
 message with publisher confirms and ``mandatory`` -> Ack what the broker
 confirmed -> Nack what it returned as unroutable or nacked (with its reason), and
-what could not be published (with a short retry_after) -> again.
+what could not be published (with a short retry_after) -> again. The acks ride
+on the slot's next ClaimBatch (``--ack-with-claim``), so a batch costs one call.
 
 Delivery is at-least-once. A message is acked only after the broker confirmed
 it; a crash at any point leaves the batch to lease expiry and redelivery, never
@@ -105,6 +106,14 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def parse_bool(raw: str) -> bool:
+    """``true`` or ``false``, as the Rust relay's ``BOOL`` flags take them."""
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"invalid value {raw!r} (true or false)")
+    return value == "true"
+
+
 class RoutingKey:
     """A routing-key template with ``{event_type}`` and ``{aggregate_id}``.
 
@@ -147,6 +156,7 @@ class Config:
     batch_size: int
     lease: float
     concurrency: int
+    ack_with_claim: bool
     worker_id: str
     confirm_timeout: float
     wait: float
@@ -218,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
            type=parse_duration)
     option("--concurrency", "OUTBOX_RELAY_CONCURRENCY", "4", "in-flight batches (slot threads) per process",
            type=int)
+    option("--ack-with-claim", "OUTBOX_RELAY_ACK_WITH_CLAIM", "true",
+           "send a batch's acks with the slot's next claim (true or false); "
+           "an older server that ignores them is detected and acked with Ack calls",
+           type=parse_bool, metavar="BOOL")
     option("--worker-id", "OUTBOX_RELAY_WORKER_ID", None,
            "recorded on claimed rows", shown="host name and pid")
     option("--confirm-timeout", "OUTBOX_RELAY_CONFIRM_TIMEOUT", "15",
@@ -272,6 +286,7 @@ def validate(args: argparse.Namespace) -> Config:
         batch_size=args.batch_size,
         lease=args.lease,
         concurrency=args.concurrency,
+        ack_with_claim=args.ack_with_claim,
         worker_id=worker_id,
         confirm_timeout=args.confirm_timeout,
         wait=args.wait,
@@ -875,6 +890,38 @@ class Settings:
     lease: float
     wait: float
     confirm_timeout: float
+    #: Send a batch's acks with the slot's next claim (--ack-with-claim).
+    ack_with_claim: bool = True
+
+
+class CarriedAcks:
+    """Whether outboxd applies the acks a claim carries. A server older than the
+    ``acks`` field drops it unread and answers without ``ack_results``; every slot
+    then falls back to Ack calls, and the change is logged once."""
+
+    def __init__(self) -> None:
+        self._ignored = False
+        self._lock = threading.Lock()
+
+    def supported(self) -> bool:
+        with self._lock:
+            return not self._ignored
+
+    def ignored(self) -> None:
+        with self._lock:
+            if self._ignored:
+                return
+            self._ignored = True
+        log.warning("outboxd ignores acks sent with a claim (an older server); acking with Ack calls")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carried:
+    """A published batch's confirmed ids, waiting for the slot's next claim."""
+
+    ack: pb.LeaseAck
+    #: Past this the lease has long expired and another worker owns the messages.
+    give_up: float
 
 
 class Worker:
@@ -882,15 +929,23 @@ class Worker:
 
     Never acks what the broker did not confirm. A batch already claimed when
     the stop request comes is still published and settled.
+
+    With ``ack_with_claim`` a batch's acks ride on the slot's next claim, which
+    follows at once: one call per batch instead of two. outboxd applies them
+    straight away, even when the claim then long-polls. Acks that cannot ride
+    (the slot backs off or stops, the claim failed or was cancelled) go as an
+    Ack call of their own: a repeated ack is harmless (``ALREADY_DONE``).
     """
 
     def __init__(self, leases: Leases, publisher: Publisher, settings: Settings,
-                 server: LinkState, stop: threading.Event) -> None:
+                 server: LinkState, stop: threading.Event, carried: CarriedAcks | None = None) -> None:
         self.leases = leases
         self.publisher = publisher
         self.settings = settings
         self.server = server
         self.stop = stop
+        self.carried = carried or CarriedAcks()
+        self._carry: _Carried | None = None
 
     def run(self) -> None:
         failures = 0
@@ -901,17 +956,24 @@ class Worker:
                 # A bug must not silently lose a slot; what it held expires with its lease.
                 log.exception("unexpected error in the relay loop; continuing")
                 failures += 1
+                self._ack_carried()
                 self.stop.wait(RETRY.delay(failures))
+        self._ack_carried()
 
     def _step(self, failures: int) -> int:
         """One claim and its batch; returns the updated failure count."""
         not_ready = self.publisher.ready()
         if not_ready is not None:
             log.debug("publisher not ready: %s", not_ready)
+            self._ack_carried()
             self.stop.wait(RETRY.delay(failures + 1))
             return failures + 1
+        request = self._claim_request()
+        carried, self._carry = self._carry, None
+        if carried is not None:
+            request.acks.append(carried.ack)
         try:
-            batch = self.leases.claim(self._claim_request(), self.stop)
+            batch = self.leases.claim(request, self.stop)
         except grpc.RpcError as err:
             code, details = rpc_error(err)
             if code in TRANSIENT_CODES:
@@ -921,12 +983,21 @@ class Worker:
             else:
                 log.error("claim refused; check the relay's configuration code=%s message=%s",
                           code.name if code else "?", details)
+            # Whether outboxd applied the acks is unknown: send them again.
+            self._ack(carried)
             self.stop.wait(RETRY.delay(failures + 1))
             return failures + 1
         if batch is None:
-            return failures  # stopped while waiting
+            self._ack(carried)  # stopped while waiting: the call was cancelled
+            return failures
         if self.server.change(up=True):
             log.info("outboxd reachable again")
+        if carried is not None:
+            if batch.ack_results:
+                self._report("ack", carried.ack.lease_id, len(carried.ack.message_ids), batch.ack_results)
+            else:
+                self.carried.ignored()
+                self._ack(carried)
         if batch.messages:
             self.relay(batch)
         return 0
@@ -989,10 +1060,11 @@ class Worker:
         # Past this the lease has long expired and another worker owns the messages.
         give_up = time.monotonic() + self.settings.lease * 2
         if acks:
-            request = pb.AckRequest(outbox=self.settings.outbox, lease_id=lease_id, message_ids=acks)
-            response = self._retry(self.leases.ack, request, give_up)
-            if response is not None:
-                self._report("ack", lease_id, len(acks), response.results)
+            carried = _Carried(pb.LeaseAck(lease_id=lease_id, message_ids=acks), give_up)
+            if self.settings.ack_with_claim and self.carried.supported():
+                self._carry = carried  # the next claim takes it
+            else:
+                self._ack(carried)
         for (reason, retry_after), ids in nacks.items():
             log.warning("releasing unpublished messages lease_id=%s count=%d reason=%s", lease_id, len(ids), reason)
             request = pb.NackRequest(outbox=self.settings.outbox, lease_id=lease_id, message_ids=ids,
@@ -1002,6 +1074,20 @@ class Worker:
             response = self._retry(self.leases.nack, request, give_up)
             if response is not None:
                 self._report("nack", lease_id, len(ids), response.results)
+
+    def _ack_carried(self) -> None:
+        """Sends the acks waiting for a claim as an Ack call: no claim comes soon."""
+        carried, self._carry = self._carry, None
+        self._ack(carried)
+
+    def _ack(self, carried: _Carried | None) -> None:
+        if carried is None:
+            return
+        lease_id, ids = carried.ack.lease_id, list(carried.ack.message_ids)
+        request = pb.AckRequest(outbox=self.settings.outbox, lease_id=lease_id, message_ids=ids)
+        response = self._retry(self.leases.ack, request, carried.give_up)
+        if response is not None:
+            self._report("ack", lease_id, len(ids), response.results)
 
     def _extend(self, lease_id: str) -> None:
         request = pb.ExtendLeaseRequest(outbox=self.settings.outbox, lease_id=lease_id,
@@ -1072,11 +1158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease=config.lease,
         wait=config.wait,
         confirm_timeout=config.confirm_timeout,
+        ack_with_claim=config.ack_with_claim,
     )
     server = LinkState(up=True)  # assume up: the first failure is then a change worth a line
+    carried = CarriedAcks()
     slots = [
         threading.Thread(
-            target=Worker(leases, broker.publisher(), settings, server, stop).run,
+            target=Worker(leases, broker.publisher(), settings, server, stop, carried).run,
             name=f"slot-{n}",
             daemon=True,
         )

@@ -45,13 +45,16 @@ class Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
 
 class FakeLeases:
-    """Records settle calls; claims hand out the queued batches, then stop the worker."""
+    """Records calls; claims hand out the queued batches (with a result for each
+    carried ack, unless it plays an older server), then stop the worker."""
 
     def __init__(self, batches: Sequence[pb.ClaimBatchResponse] = (), stop: threading.Event | None = None,
-                 ack_failures: int = 0) -> None:
+                 ack_failures: int = 0, failing_claims: Sequence[int] = (), answers_carried: bool = True) -> None:
         self.batches = list(batches)
         self.stop = stop
         self.ack_failures = ack_failures
+        self.failing_claims = set(failing_claims)
+        self.answers_carried = answers_carried
         self.acks: list[pb.AckRequest] = []
         self.nacks: list[pb.NackRequest] = []
         self.extends: list[pb.ExtendLeaseRequest] = []
@@ -59,11 +62,18 @@ class FakeLeases:
 
     def claim(self, request, stop):
         self.claims.append(request)
-        if self.batches:
-            return self.batches.pop(0)
-        assert self.stop is not None
-        self.stop.set()
-        return None
+        if len(self.claims) in self.failing_claims:
+            raise Unavailable()
+        if not self.batches:
+            assert self.stop is not None
+            self.stop.set()
+            return None
+        response = pb.ClaimBatchResponse()
+        response.CopyFrom(self.batches.pop(0))
+        if self.answers_carried:
+            response.ack_results.extend(pb.MessageResult(message_id=i, outcome=pb.OUTCOME_OK)
+                                        for ack in request.acks for i in ack.message_ids)
+        return response
 
     def ack(self, request):
         if self.ack_failures:
@@ -112,13 +122,15 @@ class FakePublisher:
         return future
 
 
-def settings(lease: float = 30.0, confirm_timeout: float = 15.0) -> relay.Settings:
+def settings(lease: float = 30.0, confirm_timeout: float = 15.0, ack_with_claim: bool = True) -> relay.Settings:
     return relay.Settings(outbox="orders", worker_id="w-1", batch_size=10, lease=lease, wait=5.0,
-                          confirm_timeout=confirm_timeout)
+                          confirm_timeout=confirm_timeout, ack_with_claim=ack_with_claim)
 
 
 def worker(leases: FakeLeases, publisher: FakePublisher, **kw: float) -> relay.Worker:
-    return relay.Worker(leases, publisher, settings(**kw), relay.LinkState(up=True), threading.Event())
+    """A slot that acks with Ack calls: the settle rules are checked on the calls themselves."""
+    return relay.Worker(leases, publisher, settings(ack_with_claim=False, **kw), relay.LinkState(up=True),
+                        threading.Event())
 
 
 def batch(count: int, lease_id: str = "lease-1") -> pb.ClaimBatchResponse:
@@ -200,12 +212,70 @@ def test_run_claims_until_stopped_and_settles_what_it_claimed() -> None:
     stop = threading.Event()
     leases = FakeLeases([batch(2, "lease-a"), pb.ClaimBatchResponse(), batch(1, "lease-b")], stop=stop)
     publisher = FakePublisher([CONFIRMED, CONFIRMED])
-    relay.Worker(leases, publisher, settings(), relay.LinkState(up=True), stop).run()
+    relay.Worker(leases, publisher, settings(ack_with_claim=False), relay.LinkState(up=True), stop).run()
     assert publisher.published == [["id-0", "id-1"], ["id-0"]]
     assert [a.lease_id for a in leases.acks] == ["lease-a", "lease-b"]
+    assert all(not c.acks for c in leases.claims)
     request = leases.claims[0]
     assert (request.outbox, request.worker_id, request.max_messages) == ("orders", "w-1", 10)
     assert request.lease_duration.seconds == 30 and request.wait.seconds == 5
+
+
+# ---- acks carried by the next claim ----------------------------------------
+
+
+def carried(request: pb.ClaimBatchRequest) -> list[tuple[str, list[str]]]:
+    return [(a.lease_id, list(a.message_ids)) for a in request.acks]
+
+
+def run(leases: FakeLeases, stop: threading.Event, carried_acks: relay.CarriedAcks | None = None) -> FakePublisher:
+    publisher = FakePublisher([CONFIRMED, CONFIRMED])
+    relay.Worker(leases, publisher, settings(), relay.LinkState(up=True), stop, carried_acks).run()
+    return publisher
+
+
+def test_acks_ride_on_the_next_claim() -> None:
+    stop = threading.Event()
+    leases = FakeLeases([batch(2, "lease-a"), pb.ClaimBatchResponse(), batch(1, "lease-b")], stop=stop)
+    publisher = run(leases, stop)
+    assert publisher.published == [["id-0", "id-1"], ["id-0"]]
+    assert [carried(c) for c in leases.claims] == [
+        [], [("lease-a", ["id-0", "id-1"])], [], [("lease-b", ["id-0"])]]
+    # The last claim was cancelled by the stop: its acks may not have been
+    # applied, so they go again as an Ack call (a repeat is ALREADY_DONE).
+    assert [(a.lease_id, list(a.message_ids)) for a in leases.acks] == [("lease-b", ["id-0"])]
+
+
+def test_an_older_server_that_ignores_carried_acks_gets_ack_calls(caplog: pytest.LogCaptureFixture) -> None:
+    stop = threading.Event()
+    shared = relay.CarriedAcks()
+    leases = FakeLeases([batch(2, "lease-a"), batch(1, "lease-b"), pb.ClaimBatchResponse()], stop=stop,
+                        answers_carried=False)
+    run(leases, stop, shared)
+    assert [carried(c) for c in leases.claims] == [[], [("lease-a", ["id-0", "id-1"])], [], []]
+    assert [a.lease_id for a in leases.acks] == ["lease-a", "lease-b"]
+    assert not shared.supported()
+    assert sum("ignores acks sent with a claim" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_acks_of_a_failed_claim_go_as_an_ack_call() -> None:
+    stop = threading.Event()
+    leases = FakeLeases([batch(2, "lease-a"), pb.ClaimBatchResponse()], stop=stop, failing_claims=[2])
+    run(leases, stop)
+    assert [carried(c) for c in leases.claims] == [[], [("lease-a", ["id-0", "id-1"])], [], []]
+    assert [a.lease_id for a in leases.acks] == ["lease-a"]
+
+
+def test_a_slot_that_backs_off_sends_its_acks_first() -> None:
+    stop = threading.Event()
+    leases = FakeLeases([batch(1, "lease-a")], stop=stop)
+    publisher = FakePublisher([CONFIRMED])
+    slot = relay.Worker(leases, publisher, settings(), relay.LinkState(up=True), stop)
+    slot._step(0)
+    assert leases.acks == []  # waiting for the next claim
+    publisher.ready = lambda: "RabbitMQ not connected"  # type: ignore[method-assign]
+    slot._step(0)
+    assert [a.lease_id for a in leases.acks] == ["lease-a"]
 
 
 # ---- pure helpers ----------------------------------------------------------
@@ -258,7 +328,7 @@ def test_server_accepts_targets_and_the_rust_relays_urls() -> None:
 def test_defaults_match_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ["OUTBOX_SERVER", "AMQP_URL"] + [f"OUTBOX_RELAY_{s}" for s in (
             "OUTBOX", "EXCHANGE", "NO_DECLARE", "ROUTING_KEY", "BATCH_SIZE", "LEASE", "CONCURRENCY",
-            "WORKER_ID", "CONFIRM_TIMEOUT", "WAIT", "DRAIN_TIMEOUT", "LOG_LEVEL")]:
+            "WORKER_ID", "CONFIRM_TIMEOUT", "WAIT", "DRAIN_TIMEOUT", "LOG_LEVEL", "ACK_WITH_CLAIM")]:
         monkeypatch.delenv(name, raising=False)
     config = relay.parse_config([])
     assert config.server == "127.0.0.1:50051"
@@ -268,6 +338,7 @@ def test_defaults_match_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> 
     assert config.routing_key.template == "{event_type}"
     assert (config.batch_size, config.lease, config.concurrency) == (100, 30.0, 4)
     assert (config.confirm_timeout, config.wait, config.drain_timeout) == (15.0, 20.0, 20.0)
+    assert config.ack_with_claim
     assert config.worker_id.endswith(f"-{relay.os.getpid()}")
     assert "guest:guest" not in repr(config)
 
@@ -279,6 +350,11 @@ def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     config = relay.parse_config([])
     assert (config.lease, config.declare, config.exchange) == (45.0, False, "events")
     assert relay.parse_config(["--exchange", "flag-wins"]).exchange == "flag-wins"
+    monkeypatch.setenv("OUTBOX_RELAY_ACK_WITH_CLAIM", "false")
+    assert not relay.parse_config([]).ack_with_claim
+    assert relay.parse_config(["--ack-with-claim", "true"]).ack_with_claim
+    with pytest.raises(SystemExit):
+        relay.parse_config(["--ack-with-claim", "maybe"])
 
 
 def test_passwords_are_masked() -> None:
