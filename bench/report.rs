@@ -87,11 +87,12 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
         out.push(Check {
             target: format!("drain ≥ 80 % of confirm ceiling ({})", case_name(case)),
             measured: format!(
-                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %)",
+                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the broker alone at this shape {:.0} %)",
                 share * 100.0,
                 o.median,
                 ceiling.median,
-                ceiling_share(Spread::of(&rates(&case.classic)).median, ceiling.median) * 100.0
+                ceiling_share(Spread::of(&rates(&case.classic)).median, ceiling.median) * 100.0,
+                ceiling_share(Spread::of(&case.broker_alone).median, ceiling.median) * 100.0
             ),
             pass: judge(share >= 0.8),
         });
@@ -300,6 +301,7 @@ fn observations(plan: &Plan, r: &Results) -> Vec<String> {
             ));
         }
     }
+    out.extend(r.drain.iter().filter_map(|case| shape_bound(case, ceiling)));
     let busiest = r
         .drain
         .iter()
@@ -353,8 +355,9 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
     let target = 1.2 * Spread::of(&rates(&case.classic)).median;
     if ratio.is_nan()
         || ratio >= 1.2
-        // The ceiling note above already says why this case cannot reach it.
+        // The ceiling notes above already say why this case cannot reach it.
         || (ceiling > 0.0 && target > ceiling)
+        || (target > Spread::of(&case.broker_alone).median && !case.broker_alone.is_empty())
         || runs.iter().any(|x| x.machine.busy_share <= 0.0 || x.secs <= 0.0)
     {
         return None;
@@ -383,6 +386,68 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
     ))
 }
 
+/// Where a drain case's missed targets stand against the broker alone, fed as
+/// the case's workers feed it (one batch in flight each, no database). A target
+/// above that rate is out of reach for any relay that keeps one batch per worker
+/// in flight, whatever its database side costs; one below it is a matter of
+/// what the relay does besides publishing.
+fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
+    let alone = Spread::of(&case.broker_alone).median;
+    let classic = Spread::of(&rates(&case.classic)).median;
+    let outboxd = Spread::of(&rates(&case.outboxd)).median;
+    if alone <= 0.0 || classic <= 0.0 || (ceiling > 0.0 && classic * 1.2 > ceiling) {
+        return None;
+    }
+    let missed: Vec<(&str, f64)> = [
+        ("1.2× the classic relay", classic * 1.2),
+        ("80 % of the ceiling", 0.8 * ceiling),
+    ]
+    .into_iter()
+    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
+    .collect();
+    if missed.is_empty() {
+        return None;
+    }
+    let needs: Vec<String> = missed
+        .iter()
+        .map(|(name, rate)| {
+            format!(
+                "{name} ({rate:.0} ev/s) is {:.0} % of it",
+                rate / alone * 100.0
+            )
+        })
+        .collect();
+    let above: Vec<&str> = missed
+        .iter()
+        .filter(|&&(_, rate)| rate > alone)
+        .map(|&(name, _)| name)
+        .collect();
+    let verdict = if above.is_empty() {
+        "Within it: what the relay does besides publishing is what stands between this case and the target"
+            .to_owned()
+    } else {
+        format!(
+            "{} {} above it: no relay that keeps one batch per worker in flight reaches that on this broker, \
+             whatever its database side costs",
+            above.join(" and "),
+            if above.len() == 1 { "lies" } else { "lie" }
+        )
+    };
+    Some(format!(
+        "Drain, {}: the broker alone, fed by {} channel{}, each publishing a batch of {} and awaiting its confirms \
+         before the next (no database), confirmed {alone:.0} msg/s ({:.0} % of the one-client ceiling); the classic \
+         relay reached {:.0} % of that, outboxd + relay {:.0} %. {}. {verdict}.",
+        case_name(case),
+        case.workers,
+        if case.workers == 1 { "" } else { "s" },
+        case.batch,
+        ceiling_share(alone, ceiling) * 100.0,
+        classic / alone * 100.0,
+        outboxd / alone * 100.0,
+        needs.join("; "),
+    ))
+}
+
 /// Share of `cores` busy to process `rate` events/s at `cpu_per_event` CPU
 /// seconds each.
 fn busy_needed(cpu_per_event: f64, rate: f64, cores: f64) -> f64 {
@@ -401,14 +466,22 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
         "Events per second from the start of the relay until every row is published and every message is in the queue. \
          Workers: classic relay workers (each its own DB connection and confirm channel) = `outbox-relay --concurrency` slots \
          (each its own confirm channel), one relay process. RabbitMQ confirm ceiling (one client, one channel, \
-         sends queued 100 at a time, 2 000 unconfirmed in flight, same messages): **{} msg/s**.\n",
+         sends queued 100 at a time, 2 000 unconfirmed in flight, same messages): **{} msg/s**. \
+         Broker alone, same shape: the broker fed as the case's workers feed it, with no database \
+         (as many channels as workers, each publishing one batch and awaiting all its confirms before the next), \
+         measured in each repetition before the case's drains; it bounds any relay that keeps one batch per worker \
+         in flight, and the last column is how much of it each design kept.\n",
         ceiling.show(0)
     );
     let _ = writeln!(
         s,
-        "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling | classic relay's share |"
+        "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling | classic relay's share \
+         | broker alone, same shape, msg/s | of it: classic / outboxd |"
     );
-    let _ = writeln!(s, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        s,
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     // The classic relay's share shows what a worker with one batch in flight
     // reaches against the ceiling's 2 000 unconfirmed messages, whatever the design.
     let share = |rate: f64| ceiling_share(rate, ceiling.median) * 100.0;
@@ -416,9 +489,10 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
         let c = Spread::of(&rates(&case.classic));
         let o = Spread::of(&rates(&case.outboxd));
         let ratio = Spread::of(&ratios(case));
+        let alone = Spread::of(&case.broker_alone);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % |",
+            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % |",
             case.batch,
             case.workers,
             c.show(0),
@@ -426,6 +500,9 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
             ratio.show(2),
             share(o.median),
             share(c.median),
+            alone.show(0),
+            c.median / alone.median * 100.0,
+            o.median / alone.median * 100.0,
         );
     }
     s.push('\n');
@@ -796,7 +873,58 @@ fn cycle_table(s: &mut String, r: &Results) {
 
 #[cfg(test)]
 mod tests {
-    use super::busy_needed;
+    use super::{busy_needed, shape_bound};
+    use crate::scenarios::{DrainCase, DrainRun};
+
+    fn case(classic: f64, outboxd: f64, alone: f64) -> DrainCase {
+        let run = |rate| DrainRun {
+            events_per_sec: rate,
+            ..DrainRun::default()
+        };
+        DrainCase {
+            batch: 100,
+            workers: 1,
+            classic: vec![run(classic)],
+            outboxd: vec![run(outboxd)],
+            broker_alone: vec![alone],
+        }
+    }
+
+    #[test]
+    fn shape_bound_says_which_missed_targets_lie_above_the_broker_alone() {
+        let note = |c, o, alone| shape_bound(&case(c, o, alone), 18_000.0).unwrap_or_default();
+        let both = note(10_000.0, 9_000.0, 11_000.0);
+        assert!(
+            both.contains("1.2× the classic relay and 80 % of the ceiling lie above it"),
+            "{both}"
+        );
+        assert!(
+            both.contains("classic relay reached 91 % of that, outboxd + relay 82 %"),
+            "{both}"
+        );
+        assert!(
+            both.contains("1.2× the classic relay (12000 ev/s) is 109 % of it"),
+            "{both}"
+        );
+        let ceiling_only = note(10_000.0, 9_000.0, 13_000.0);
+        assert!(
+            ceiling_only.contains("80 % of the ceiling lies above it"),
+            "{ceiling_only}"
+        );
+        let within = note(10_000.0, 9_000.0, 16_000.0);
+        assert!(
+            within.contains(
+                "is 75 % of it; 80 % of the ceiling (14400 ev/s) is 90 % of it. Within it"
+            ),
+            "{within}"
+        );
+        // Targets met: nothing to say.
+        assert!(shape_bound(&case(10_000.0, 15_000.0, 16_000.0), 18_000.0).is_none());
+        // Without a broker-alone figure nothing is claimed.
+        let mut bare = case(10_000.0, 9_000.0, 0.0);
+        bare.broker_alone.clear();
+        assert!(shape_bound(&bare, 18_000.0).is_none());
+    }
 
     #[test]
     fn busy_needed_scales_cpu_per_event_by_rate_over_cores() {

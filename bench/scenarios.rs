@@ -129,6 +129,11 @@ pub struct DrainCase {
     pub workers: u32,
     pub classic: Vec<DrainRun>,
     pub outboxd: Vec<DrainRun>,
+    /// Messages/s the broker confirms, with nothing else running, from
+    /// `workers` channels that each publish one batch and await all its
+    /// confirms before the next: what a relay of this shape would reach if
+    /// its database work cost nothing. One per repetition.
+    pub broker_alone: Vec<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -326,7 +331,7 @@ fn steps(plan: &Plan) -> u64 {
     let reps = plan.reps as u64;
     let mut n = 0;
     if plan.drain {
-        n += reps * (1 + 2 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
+        n += reps * (1 + 3 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
     }
     if plan.latency {
         n += 1 + reps * (1 + plan.poll_ms.len() as u64);
@@ -403,6 +408,7 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 workers,
                 classic: Vec::new(),
                 outboxd: Vec::new(),
+                broker_alone: Vec::new(),
             });
         }
     }
@@ -419,6 +425,22 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
         results.ceiling.push(rate);
         ctx.progress.done_step();
         for case in &mut cases {
+            let (batch, workers) = (case.batch, case.workers);
+            ctx.progress.doing(format!(
+                "rep {}/{}: RabbitMQ alone, batch {batch}, {workers} channel(s)",
+                rep + 1,
+                plan.reps
+            ));
+            let rate = retried(ctx, "broker-alone run", || {
+                broker_alone(ctx, n, batch, workers)
+            })
+            .await?;
+            ctx.progress.log(format!(
+                "rep {} broker alone b{batch} w{workers}: {rate:.0} msg/s",
+                rep + 1
+            ));
+            case.broker_alone.push(rate);
+            ctx.progress.done_step();
             let order = if rep % 2 == 0 {
                 [Design::Classic, Design::Outboxd]
             } else {
@@ -433,7 +455,6 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                     case.batch,
                     case.workers
                 ));
-                let (batch, workers) = (case.batch, case.workers);
                 let run = retried(ctx, "drain run", || async move {
                     match design {
                         Design::Classic => drain_classic(ctx, n, batch, workers).await,
@@ -709,16 +730,7 @@ async fn join_classic((amqp, handles): Workers) -> anyhow::Result<()> {
 /// size and properties, a sliding window of unconfirmed publishes.
 async fn ceiling(ctx: &Ctx, n: u64) -> anyhow::Result<f64> {
     ctx.rabbit.purge().await?;
-    let msgs: Vec<Msg> = (0..n)
-        .map(|i| Msg {
-            id: uuid::Uuid::new_v4().to_string(),
-            aggregate_id: uuid::Uuid::from_u128(u128::from(i % 5000)).to_string(),
-            event_type: "order.paid".into(),
-            payload: db::payload(i).into_bytes(),
-            created_secs: 1_700_000_000,
-            sequence: i64::try_from(i).unwrap_or(0),
-        })
-        .collect();
+    let msgs = broker_msgs(n);
     let conn = rabbit::connect(&ctx.args.amqp_url, "outbox-bench ceiling").await?;
     let ch = rabbit::confirm_channel(&conn).await?;
     const WINDOW: usize = 2000;
@@ -753,6 +765,71 @@ async fn ceiling(ctx: &Ctx, n: u64) -> anyhow::Result<f64> {
     let _ = conn.close(200, "bye".into()).await;
     if !ctx.rabbit.wait_depth(n, deadline).await? {
         bail!("ceiling: the queue did not reach {n} messages");
+    }
+    ctx.rabbit.purge().await?;
+    Ok(n as f64 / secs)
+}
+
+/// `n` messages of the drain's size and properties, for runs of the broker
+/// without a database.
+fn broker_msgs(n: u64) -> Vec<Msg> {
+    (0..n)
+        .map(|i| Msg {
+            id: uuid::Uuid::new_v4().to_string(),
+            aggregate_id: uuid::Uuid::from_u128(u128::from(i % 5000)).to_string(),
+            event_type: "order.paid".into(),
+            payload: db::payload(i).into_bytes(),
+            created_secs: 1_700_000_000,
+            sequence: i64::try_from(i).unwrap_or(0),
+        })
+        .collect()
+}
+
+/// The broker fed exactly as a drain case's workers feed it, minus the
+/// database: `workers` confirm channels on one connection, each taking the
+/// next `batch` messages, publishing them together and awaiting every confirm
+/// before taking more. A relay that publishes one batch per worker at a time
+/// cannot beat this on this broker; how far below it each design lands is
+/// what its database work and hand-offs cost.
+async fn broker_alone(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<f64> {
+    ctx.rabbit.purge().await?;
+    let msgs = Arc::new(broker_msgs(n));
+    let conn = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench broker alone").await?);
+    let next = Arc::new(AtomicU64::new(0));
+    let deadline = drain_deadline(n);
+    let mut channels = Vec::new();
+    for _ in 0..workers {
+        channels.push(rabbit::confirm_channel(&conn).await?);
+    }
+    let started = Instant::now();
+    let handles: Vec<_> = channels
+        .into_iter()
+        .map(|ch| {
+            let (msgs, next) = (Arc::clone(&msgs), Arc::clone(&next));
+            let exchange = ctx.rabbit.exchange.clone();
+            tokio::spawn(async move {
+                loop {
+                    let from = next.fetch_add(u64::from(batch), Ordering::Relaxed);
+                    if from >= n {
+                        break;
+                    }
+                    let to = (from + u64::from(batch)).min(n);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let (from, to) = (usize::try_from(from)?, usize::try_from(to)?);
+                    rabbit::publish_confirmed(&ch, &exchange, &msgs[from..to], left).await?;
+                }
+                let _ = ch.close(200, "bye".into()).await;
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.context("broker-alone channel panicked")??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let _ = conn.close(200, "bye".into()).await;
+    if !ctx.rabbit.wait_depth(n, deadline).await? {
+        bail!("broker alone: the queue did not reach {n} messages");
     }
     ctx.rabbit.purge().await?;
     Ok(n as f64 / secs)
