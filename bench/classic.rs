@@ -11,15 +11,16 @@ use std::{
 };
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use lapin::Connection;
-use sqlx::{Connection as _, PgConnection, Row as _};
+use sqlx::{Connection as _, PgConnection, Row as _, postgres::PgRow};
 use tokio::time::Instant;
 
 use crate::rabbit::{self, Msg};
 
 const SELECT: &str = "SELECT id, aggregate_id::text AS aggregate_id, event_type, payload::text AS payload, created_at \
      FROM outbox WHERE published_at IS NULL ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED";
-const MARK: &str = "UPDATE outbox SET published_at = now() WHERE id = ANY($1)";
+pub const MARK: &str = "UPDATE outbox SET published_at = now() WHERE id = ANY($1)";
 
 /// What the workers of one run share.
 #[derive(Debug, Default)]
@@ -49,7 +50,7 @@ impl Shared {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
+pub fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -71,6 +72,23 @@ pub struct Settings {
     pub exchange: String,
     /// Hard stop, whatever happens.
     pub deadline: Instant,
+}
+
+/// A selected row's id, creation time and message, with the properties
+/// outbox-relay gives it.
+pub fn message(row: &PgRow) -> anyhow::Result<(uuid::Uuid, DateTime<Utc>, Msg)> {
+    let id: uuid::Uuid = row.try_get("id")?;
+    let created: DateTime<Utc> = row.try_get("created_at")?;
+    let payload: String = row.try_get("payload")?;
+    let msg = Msg {
+        id: id.to_string(),
+        aggregate_id: row.try_get("aggregate_id")?,
+        event_type: row.try_get("event_type")?,
+        payload: payload.into_bytes(),
+        created_secs: u64::try_from(created.timestamp()).unwrap_or(0),
+        sequence: 0,
+    };
+    Ok((id, created, msg))
 }
 
 /// One worker: its own database connection and its own confirm channel on the
@@ -97,17 +115,8 @@ pub async fn worker(
         let mut batch = Vec::with_capacity(rows.len());
         let mut ids = Vec::with_capacity(rows.len());
         for row in &rows {
-            let id: uuid::Uuid = row.try_get("id")?;
-            let created: chrono::DateTime<chrono::Utc> = row.try_get("created_at")?;
-            let payload: String = row.try_get("payload")?;
-            batch.push(Msg {
-                id: id.to_string(),
-                aggregate_id: row.try_get("aggregate_id")?,
-                event_type: row.try_get("event_type")?,
-                payload: payload.into_bytes(),
-                created_secs: u64::try_from(created.timestamp()).unwrap_or(0),
-                sequence: 0,
-            });
+            let (id, _, msg) = message(row)?;
+            batch.push(msg);
             ids.push(id);
         }
         if batch.is_empty() {

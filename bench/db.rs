@@ -54,6 +54,18 @@ pub async fn connect_relay(url: &str) -> anyhow::Result<PgConnection> {
     .await
 }
 
+/// A bare relay connection: plans as the classic relay's, and commits
+/// without waiting for the WAL flush, as outboxd does, so the bare relay's
+/// marks cost the least they can.
+pub async fn connect_bare(url: &str) -> anyhow::Result<PgConnection> {
+    connect_as(
+        url,
+        "outbox-bench bare relay",
+        &[("enable_seqscan", "off"), ("synchronous_commit", "off")],
+    )
+    .await
+}
+
 async fn connect_as(
     url: &str,
     application_name: &str,

@@ -10,6 +10,7 @@
 //! ```
 #![allow(clippy::print_stdout)]
 
+mod bare;
 mod charts;
 mod classic;
 mod cpu;

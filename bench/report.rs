@@ -75,9 +75,16 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
     let ceiling = Spread::of(&r.ceiling);
     for case in &r.drain {
         let ratio = Spread::of(&ratios(case));
+        let bare = Spread::of(&rates(&case.bare)).median;
+        let classic = Spread::of(&rates(&case.classic)).median;
+        let yardstick = if bare > 0.0 && classic > 0.0 {
+            format!(" (the bare relay {:.2}×)", bare / classic)
+        } else {
+            String::new()
+        };
         out.push(Check {
             target: format!("drain ≥ 1.2× classic ({})", case_name(case)),
-            measured: format!("{}×", ratio.show(2)),
+            measured: format!("{}×{yardstick}", ratio.show(2)),
             pass: judge(ratio.median >= 1.2),
         });
     }
@@ -87,11 +94,12 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
         out.push(Check {
             target: format!("drain ≥ 80 % of confirm ceiling ({})", case_name(case)),
             measured: format!(
-                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the broker alone at this shape {:.0} %)",
+                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the bare relay {:.0} %; the broker alone at this shape {:.0} %)",
                 share * 100.0,
                 o.median,
                 ceiling.median,
                 ceiling_share(Spread::of(&rates(&case.classic)).median, ceiling.median) * 100.0,
+                ceiling_share(Spread::of(&rates(&case.bare)).median, ceiling.median) * 100.0,
                 ceiling_share(Spread::of(&case.broker_alone).median, ceiling.median) * 100.0
             ),
             pass: judge(share >= 0.8),
@@ -302,6 +310,7 @@ fn observations(plan: &Plan, r: &Results) -> Vec<String> {
         }
     }
     out.extend(r.drain.iter().filter_map(|case| shape_bound(case, ceiling)));
+    out.extend(r.drain.iter().filter_map(|case| bare_bound(case, ceiling)));
     let busiest = r
         .drain
         .iter()
@@ -358,6 +367,8 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
         // The ceiling notes above already say why this case cannot reach it.
         || (ceiling > 0.0 && target > ceiling)
         || (target > Spread::of(&case.broker_alone).median && !case.broker_alone.is_empty())
+        // Nor when the bare relay, doing the least work, did not reach it.
+        || (target > Spread::of(&rates(&case.bare)).median && !case.bare.is_empty())
         || runs.iter().any(|x| x.machine.busy_share <= 0.0 || x.secs <= 0.0)
     {
         return None;
@@ -448,6 +459,61 @@ fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     ))
 }
 
+/// Where a drain case's missed targets stand against the bare relay of the
+/// same shape: the least database work any relay that reads and marks each row
+/// does, none of it on the publish's path. A target above its rate is beyond
+/// any such relay on this machine; below it, the lease and the hop through
+/// outboxd are what the design pays for it.
+fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
+    let bare = Spread::of(&rates(&case.bare)).median;
+    let classic = Spread::of(&rates(&case.classic)).median;
+    let outboxd = Spread::of(&rates(&case.outboxd)).median;
+    if bare <= 0.0 || classic <= 0.0 {
+        return None;
+    }
+    let missed: Vec<(&str, f64)> = [
+        ("1.2× the classic relay", classic * 1.2),
+        ("80 % of the ceiling", 0.8 * ceiling),
+    ]
+    .into_iter()
+    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
+    .collect();
+    if missed.is_empty() {
+        return None;
+    }
+    let (above, below): (Vec<_>, Vec<_>) = missed.iter().partition(|&&(_, rate)| rate > bare);
+    let names = |v: &[&(&str, f64)]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
+    let mut verdict = Vec::new();
+    if !above.is_empty() {
+        verdict.push(format!(
+            "{} {} above it: the least work a relay that reads and marks each row does, one batch per worker \
+             in flight, did not reach that here, so no such relay, lease or no lease, is expected to",
+            names(&above),
+            if above.len() == 1 { "lies" } else { "lie" }
+        ));
+    }
+    if !below.is_empty() {
+        verdict.push(format!(
+            "{} {} within it: what outboxd + relay does beyond the bare relay (the lease's write, the hop \
+             through outboxd) is what stands between this case and {}",
+            names(&below),
+            if below.len() == 1 { "lies" } else { "lie" },
+            if below.len() == 1 { "it" } else { "them" }
+        ));
+    }
+    Some(format!(
+        "Drain, {}: the bare relay (read each row, publish it with confirms, mark it; no lock, no lease, \
+         reads ahead and marks beside the next publish) drained {bare:.0} ev/s, {:.0} % of the ceiling and \
+         {:.2}× the classic relay; outboxd + relay kept {:.0} % of its rate, the classic relay {:.0} %. {}.",
+        case_name(case),
+        ceiling_share(bare, ceiling) * 100.0,
+        bare / classic,
+        outboxd / bare * 100.0,
+        classic / bare * 100.0,
+        verdict.join("; "),
+    ))
+}
+
 /// Share of `cores` busy to process `rate` events/s at `cpu_per_event` CPU
 /// seconds each.
 fn busy_needed(cpu_per_event: f64, rate: f64, cores: f64) -> f64 {
@@ -470,17 +536,22 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
          Broker alone, same shape: the broker fed as the case's workers feed it, with no database \
          (as many channels as workers, each publishing one batch and awaiting all its confirms before the next), \
          measured in each repetition before the case's drains; it bounds any relay that keeps one batch per worker \
-         in flight, and the last column is how much of it each design kept.\n",
+         in flight, and the next column is how much of it each design kept. \
+         Bare relay: the least any relay does per event (read each row once, publish it with confirms, mark it \
+         published), on the classic table, with no lock, no lease and no transaction around the publish, reading \
+         ahead and marking each batch beside the next one's publish; not safe to run, a yardstick: a drain target \
+         above its rate asks more of a relay that reads and marks rows, one batch per worker in flight, than the \
+         least such work reached on this machine.\n",
         ceiling.show(0)
     );
     let _ = writeln!(
         s,
         "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling | classic relay's share \
-         | broker alone, same shape, msg/s | of it: classic / outboxd |"
+         | broker alone, same shape, msg/s | of it: classic / outboxd | bare relay ev/s | its share of ceiling | of it: classic / outboxd |"
     );
     let _ = writeln!(
         s,
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     // The classic relay's share shows what a worker with one batch in flight
     // reaches against the ceiling's 2 000 unconfirmed messages, whatever the design.
@@ -490,9 +561,10 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
         let o = Spread::of(&rates(&case.outboxd));
         let ratio = Spread::of(&ratios(case));
         let alone = Spread::of(&case.broker_alone);
+        let bare = Spread::of(&rates(&case.bare));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % |",
+            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % / {:.0} % |",
             case.batch,
             case.workers,
             c.show(0),
@@ -503,6 +575,10 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
             alone.show(0),
             c.median / alone.median * 100.0,
             o.median / alone.median * 100.0,
+            bare.show(0),
+            share(bare.median),
+            c.median / bare.median * 100.0,
+            o.median / bare.median * 100.0,
         );
     }
     s.push('\n');
@@ -738,10 +814,12 @@ fn machine_per100k(runs: &[DrainRun], part: Option<Component>) -> f64 {
     })
 }
 
-fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 2] {
+/// The drains of a case: the two designs, then the bare relay's yardstick.
+fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 3] {
     [
         ("classic relay", &case.classic),
         ("outboxd + relay", &case.outboxd),
+        ("bare relay (yardstick)", &case.bare),
     ]
 }
 
@@ -751,7 +829,7 @@ fn machine_table(s: &mut String, r: &Results) {
         "Whole machine over each drain, from the relay's start until the backlog was out: busy CPU seconds of both \
          cores per 100 000 events (user + system + interrupts from /proc/stat, steal excluded), split by process name \
          from /proc/PID/stat (PostgreSQL includes its background workers and the children the postmaster reaped, \
-         such as autovacuum; the harness includes the classic relay's workers and the drain monitor; other is what \
+         such as autovacuum; the harness includes the classic and bare relays' workers and the drain monitor; other is what \
          no listed process accounts for). Medians over the repetitions. When both designs keep the machine near \
          saturation, their throughput ratio is close to the inverse of their total CPU per event.\n"
     );
@@ -800,7 +878,7 @@ fn cycle_table(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "Batch cycle, mean milliseconds, each design timed from the inside (medians over the repetitions): the \
-         classic relay by the harness around its statements; outboxd by its `outbox_rpc_duration_seconds` and \
+         classic and bare relays by the harness around their statements; outboxd by its `outbox_rpc_duration_seconds` and \
          `outbox_claim_batch_size` histograms and the relay's `outbox_relay_publish_duration_seconds` (from a batch's \
          send to each message's confirm), scraped at the end of the drain. \"ms per batch\" is the drain's duration \
          × workers / batches: the time one worker spends on one batch.\n"
@@ -825,6 +903,12 @@ fn cycle_table(s: &mut String, r: &Results) {
             let parts = match timed[0].1 {
                 Cycle::Classic { .. } => format!(
                     "BEGIN + SELECT {:.2}, publish → last confirm {:.2}, UPDATE + COMMIT {:.2}",
+                    med(0),
+                    med(1),
+                    med(2)
+                ),
+                Cycle::Bare { .. } => format!(
+                    "SELECT (reader, ahead of the workers) {:.2}, publish → last confirm {:.2}, UPDATE (beside the next publish) {:.2}",
                     med(0),
                     med(1),
                     med(2)
@@ -873,7 +957,7 @@ fn cycle_table(s: &mut String, r: &Results) {
 
 #[cfg(test)]
 mod tests {
-    use super::{busy_needed, shape_bound};
+    use super::{bare_bound, busy_needed, shape_bound};
     use crate::scenarios::{DrainCase, DrainRun};
 
     fn case(classic: f64, outboxd: f64, alone: f64) -> DrainCase {
@@ -887,6 +971,7 @@ mod tests {
             classic: vec![run(classic)],
             outboxd: vec![run(outboxd)],
             broker_alone: vec![alone],
+            bare: Vec::new(),
         }
     }
 
@@ -924,6 +1009,45 @@ mod tests {
         let mut bare = case(10_000.0, 9_000.0, 0.0);
         bare.broker_alone.clear();
         assert!(shape_bound(&bare, 18_000.0).is_none());
+    }
+
+    #[test]
+    fn bare_bound_splits_missed_targets_at_the_bare_relay() {
+        let with_bare = |classic, outboxd, bare| {
+            let mut c = case(classic, outboxd, 20_000.0);
+            c.bare = vec![DrainRun {
+                events_per_sec: bare,
+                ..DrainRun::default()
+            }];
+            bare_bound(&c, 15_000.0).unwrap_or_default()
+        };
+        // 1.2× classic and 80 % of the ceiling are both 12 000 ev/s here.
+        let above = with_bare(10_000.0, 9_000.0, 11_000.0);
+        assert!(
+            above.contains("1.2× the classic relay and 80 % of the ceiling lie above it"),
+            "{above}"
+        );
+        assert!(
+            above.contains("drained 11000 ev/s, 73 % of the ceiling and 1.10× the classic relay"),
+            "{above}"
+        );
+        assert!(
+            above.contains("outboxd + relay kept 82 % of its rate, the classic relay 91 %"),
+            "{above}"
+        );
+        // 1.2× classic = 10 800 under the bare relay's 11 500; 80 % of the ceiling above it.
+        let split = with_bare(9_000.0, 9_000.0, 11_500.0);
+        assert!(
+            split.contains("80 % of the ceiling lies above it"),
+            "{split}"
+        );
+        assert!(
+            split.contains("1.2× the classic relay lies within it"),
+            "{split}"
+        );
+        // Targets met, or no bare relay measured: nothing to say.
+        assert!(with_bare(10_000.0, 13_000.0, 14_000.0).is_empty());
+        assert!(bare_bound(&case(10_000.0, 9_000.0, 20_000.0), 15_000.0).is_none());
     }
 
     #[test]

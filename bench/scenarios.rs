@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
-    Args, Plan, classic,
+    Args, Plan, bare, classic,
     cpu::{MachineCpu, Snapshot},
     db::{self, Shape},
     procs::{self, Binaries, RelayOpts, Usage},
@@ -80,6 +80,14 @@ pub enum Cycle {
         /// `UPDATE published_at` and COMMIT.
         mark: f64,
     },
+    Bare {
+        /// The reader's SELECT, made ahead of the workers.
+        read: f64,
+        /// Sending the batch until its last confirm.
+        publish: f64,
+        /// `UPDATE published_at`, beside the next batch's publish.
+        mark: f64,
+    },
     Outboxd {
         /// ClaimBatch inside outboxd, with the acks it carries.
         claim: f64,
@@ -102,6 +110,11 @@ impl Cycle {
                 publish,
                 mark,
             } => [select, publish, mark],
+            Self::Bare {
+                read,
+                publish,
+                mark,
+            } => [read, publish, mark],
             Self::Outboxd {
                 claim,
                 confirm,
@@ -118,7 +131,7 @@ impl Cycle {
                 ack_calls_per_batch,
                 ..
             } => ack_calls_per_batch,
-            Self::Classic { .. } => f64::NAN,
+            Self::Classic { .. } | Self::Bare { .. } => f64::NAN,
         }
     }
 }
@@ -134,6 +147,10 @@ pub struct DrainCase {
     /// confirms before the next: what a relay of this shape would reach if
     /// its database work cost nothing. One per repetition.
     pub broker_alone: Vec<f64>,
+    /// The bare relay (`bare.rs`) on the classic table, same batch and
+    /// workers: the least database work any relay of this shape does, none of
+    /// it on the publish's path. One per repetition.
+    pub bare: Vec<DrainRun>,
 }
 
 #[derive(Debug, Clone)]
@@ -331,7 +348,7 @@ fn steps(plan: &Plan) -> u64 {
     let reps = plan.reps as u64;
     let mut n = 0;
     if plan.drain {
-        n += reps * (1 + 3 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
+        n += reps * (1 + 4 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
     }
     if plan.latency {
         n += 1 + reps * (1 + plan.poll_ms.len() as u64);
@@ -409,6 +426,7 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 classic: Vec::new(),
                 outboxd: Vec::new(),
                 broker_alone: Vec::new(),
+                bare: Vec::new(),
             });
         }
     }
@@ -440,6 +458,19 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 rep + 1
             ));
             case.broker_alone.push(rate);
+            ctx.progress.done_step();
+            ctx.progress.doing(format!(
+                "rep {}/{}: bare relay, batch {batch}, {workers} worker(s)",
+                rep + 1,
+                plan.reps
+            ));
+            let run = retried(ctx, "bare relay run", || drain_bare(ctx, n, batch, workers)).await?;
+            ctx.progress.log(format!(
+                "rep {} bare relay b{batch} w{workers}: {:.0} ev/s",
+                rep + 1,
+                run.events_per_sec
+            ));
+            case.bare.push(run);
             ctx.progress.done_step();
             let order = if rep % 2 == 0 {
                 [Design::Classic, Design::Outboxd]
@@ -665,6 +696,77 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
             .cycle_ms()
             .map(|[select, publish, mark]| Cycle::Classic {
                 select,
+                publish,
+                mark,
+            }),
+    })
+}
+
+/// The bare relay over the classic table: one reader, `workers` publishers.
+async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
+    let db_name = &ctx.db_classic;
+    prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
+    let url = ctx.url(db_name)?;
+    let x0 = db::xacts(&ctx.admin, db_name).await?;
+    let deadline = drain_deadline(n);
+    let settings = classic::Settings {
+        batch,
+        poll: Duration::ZERO,
+        exchange: ctx.rabbit.exchange.clone(),
+        deadline,
+    };
+    let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
+    let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench bare relay").await?);
+    let mut conns = Vec::new();
+    for _ in 0..=workers {
+        conns.push(db::connect_bare(&url).await?);
+    }
+    let footprint = Footprint::start(ctx).await?;
+    let started = Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::channel(workers.max(1) as usize);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handles = Vec::new();
+    let mut conns = conns.into_iter();
+    if let Some(db) = conns.next() {
+        handles.push(tokio::spawn(bare::reader(
+            db,
+            tx,
+            settings.clone(),
+            Arc::clone(&shared),
+        )));
+    }
+    for db in conns {
+        handles.push(tokio::spawn(bare::worker(
+            db,
+            Arc::clone(&amqp),
+            Arc::clone(&rx),
+            settings.clone(),
+            Arc::clone(&shared),
+        )));
+    }
+    let waited = wait_drained(ctx, db_name, n, deadline).await;
+    let (machine, wal_per_event) = footprint.since(ctx, n).await?;
+    shared.stop.store(true, Ordering::Relaxed);
+    join_classic((amqp, handles)).await.context("bare relay")?;
+    let (done, polls) = waited?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let x1 = db::xacts(&ctx.admin, db_name).await?;
+    let secs = done.duration_since(started).as_secs_f64();
+    Ok(DrainRun {
+        events_per_sec: n as f64 / secs,
+        secs,
+        xacts_per_event: (x1 - x0 - polls).max(0) as f64 / n as f64,
+        statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n as f64),
+        outboxd: Usage::default(),
+        relay: Usage::default(),
+        machine,
+        batches: shared.sent_batches.load(Ordering::Relaxed),
+        wal_per_event,
+        cycle: shared
+            .cycle_ms()
+            .map(|[select, publish, mark]| Cycle::Bare {
+                read: select,
                 publish,
                 mark,
             }),
