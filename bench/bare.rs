@@ -4,10 +4,12 @@
 //! ahead in delivery order, and each worker marks a batch beside the publish of
 //! its next one. It is not safe to run: nothing stops a second copy from
 //! publishing the same rows, and nothing tells a restart which rows were
-//! published but not yet marked. It is a yardstick for the drain. A relay that
+//! published but not yet marked. It is a yardstick for the drain: a relay that
 //! reads and marks every row, with one batch per worker in flight, does at
-//! least this much work and waits at least this long, so a drain target above
-//! the bare relay's rate is out of reach for any such relay on this machine.
+//! least this much database work and waits at least this long, so how much of
+//! the bare relay's rate a design keeps is what its own safety costs it. Not a
+//! strict bound on this machine: its statements run beside the publishes and
+//! take their CPU from the broker there.
 
 use std::{
     sync::{Arc, atomic::Ordering},

@@ -461,9 +461,9 @@ fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
 
 /// Where a drain case's missed targets stand against the bare relay of the
 /// same shape: the least database work any relay that reads and marks each row
-/// does, none of it on the publish's path. A target above its rate is beyond
-/// any such relay on this machine; below it, the lease and the hop through
-/// outboxd are what the design pays for it.
+/// does, none of it on the publish's path. A target above its rate asks more
+/// than the least work reached here; below it, the lease and the hop through
+/// outboxd are what the design pays.
 fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     let bare = Spread::of(&rates(&case.bare)).median;
     let classic = Spread::of(&rates(&case.classic)).median;
@@ -486,8 +486,8 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     let mut verdict = Vec::new();
     if !above.is_empty() {
         verdict.push(format!(
-            "{} {} above it: the least work a relay that reads and marks each row does, one batch per worker \
-             in flight, did not reach that here, so no such relay, lease or no lease, is expected to",
+            "{} {} above it: even the least work a relay that reads and marks each row does, one batch per \
+             worker in flight and nothing waiting on its database statements, did not reach that here",
             names(&above),
             if above.len() == 1 { "lies" } else { "lie" }
         ));
@@ -539,9 +539,9 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
          in flight, and the next column is how much of it each design kept. \
          Bare relay: the least any relay does per event (read each row once, publish it with confirms, mark it \
          published), on the classic table, with no lock, no lease and no transaction around the publish, reading \
-         ahead and marking each batch beside the next one's publish; not safe to run, a yardstick: a drain target \
-         above its rate asks more of a relay that reads and marks rows, one batch per worker in flight, than the \
-         least such work reached on this machine.\n",
+         ahead and marking each batch beside the next one's publish; not safe to run, a yardstick: how far the least \
+         work with no waiting gets on this machine, and how much of that each design keeps. It is not a strict \
+         bound: its statements run beside the publishes and take CPU from the broker there.\n",
         ceiling.show(0)
     );
     let _ = writeln!(
