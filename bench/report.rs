@@ -397,6 +397,17 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
     ))
 }
 
+/// The drain targets a case's lease design missed, by name, with the rate each asks.
+fn missed_targets(classic: f64, outboxd: f64, ceiling: f64) -> Vec<(&'static str, f64)> {
+    [
+        ("1.2× the classic relay", classic * 1.2),
+        ("80 % of the ceiling", 0.8 * ceiling),
+    ]
+    .into_iter()
+    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
+    .collect()
+}
+
 /// Where a drain case's missed targets stand against the broker alone, fed as
 /// the case's workers feed it (one batch in flight each, no database). A target
 /// above that rate is out of reach for any relay that keeps one batch per worker
@@ -409,13 +420,7 @@ fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     if alone <= 0.0 || classic <= 0.0 || (ceiling > 0.0 && classic * 1.2 > ceiling) {
         return None;
     }
-    let missed: Vec<(&str, f64)> = [
-        ("1.2× the classic relay", classic * 1.2),
-        ("80 % of the ceiling", 0.8 * ceiling),
-    ]
-    .into_iter()
-    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
-    .collect();
+    let missed = missed_targets(classic, outboxd, ceiling);
     if missed.is_empty() {
         return None;
     }
@@ -471,13 +476,7 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     if bare <= 0.0 || classic <= 0.0 {
         return None;
     }
-    let missed: Vec<(&str, f64)> = [
-        ("1.2× the classic relay", classic * 1.2),
-        ("80 % of the ceiling", 0.8 * ceiling),
-    ]
-    .into_iter()
-    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
-    .collect();
+    let missed = missed_targets(classic, outboxd, ceiling);
     if missed.is_empty() {
         return None;
     }
@@ -975,40 +974,38 @@ mod tests {
         }
     }
 
+    /// Fails naming the note unless it says every one of `parts`.
+    fn says(note: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(note.contains(part), "{part:?} not in: {note}");
+        }
+    }
+
     #[test]
     fn shape_bound_says_which_missed_targets_lie_above_the_broker_alone() {
         let note = |c, o, alone| shape_bound(&case(c, o, alone), 18_000.0).unwrap_or_default();
-        let both = note(10_000.0, 9_000.0, 11_000.0);
-        assert!(
-            both.contains("1.2× the classic relay and 80 % of the ceiling lie above it"),
-            "{both}"
+        says(
+            &note(10_000.0, 9_000.0, 11_000.0),
+            &[
+                "1.2× the classic relay and 80 % of the ceiling lie above it",
+                "classic relay reached 91 % of that, outboxd + relay 82 %",
+                "1.2× the classic relay (12000 ev/s) is 109 % of it",
+            ],
         );
-        assert!(
-            both.contains("classic relay reached 91 % of that, outboxd + relay 82 %"),
-            "{both}"
+        says(
+            &note(10_000.0, 9_000.0, 13_000.0),
+            &["80 % of the ceiling lies above it"],
         );
-        assert!(
-            both.contains("1.2× the classic relay (12000 ev/s) is 109 % of it"),
-            "{both}"
-        );
-        let ceiling_only = note(10_000.0, 9_000.0, 13_000.0);
-        assert!(
-            ceiling_only.contains("80 % of the ceiling lies above it"),
-            "{ceiling_only}"
-        );
-        let within = note(10_000.0, 9_000.0, 16_000.0);
-        assert!(
-            within.contains(
-                "is 75 % of it; 80 % of the ceiling (14400 ev/s) is 90 % of it. Within it"
-            ),
-            "{within}"
+        says(
+            &note(10_000.0, 9_000.0, 16_000.0),
+            &["is 75 % of it; 80 % of the ceiling (14400 ev/s) is 90 % of it. Within it"],
         );
         // Targets met: nothing to say.
         assert!(shape_bound(&case(10_000.0, 15_000.0, 16_000.0), 18_000.0).is_none());
         // Without a broker-alone figure nothing is claimed.
-        let mut bare = case(10_000.0, 9_000.0, 0.0);
-        bare.broker_alone.clear();
-        assert!(shape_bound(&bare, 18_000.0).is_none());
+        let mut unmeasured = case(10_000.0, 9_000.0, 0.0);
+        unmeasured.broker_alone.clear();
+        assert!(shape_bound(&unmeasured, 18_000.0).is_none());
     }
 
     #[test]
@@ -1022,28 +1019,21 @@ mod tests {
             bare_bound(&c, 15_000.0).unwrap_or_default()
         };
         // 1.2× classic and 80 % of the ceiling are both 12 000 ev/s here.
-        let above = with_bare(10_000.0, 9_000.0, 11_000.0);
-        assert!(
-            above.contains("1.2× the classic relay and 80 % of the ceiling lie above it"),
-            "{above}"
-        );
-        assert!(
-            above.contains("drained 11000 ev/s, 73 % of the ceiling and 1.10× the classic relay"),
-            "{above}"
-        );
-        assert!(
-            above.contains("outboxd + relay kept 82 % of its rate, the classic relay 91 %"),
-            "{above}"
+        says(
+            &with_bare(10_000.0, 9_000.0, 11_000.0),
+            &[
+                "1.2× the classic relay and 80 % of the ceiling lie above it",
+                "drained 11000 ev/s, 73 % of the ceiling and 1.10× the classic relay",
+                "outboxd + relay kept 82 % of its rate, the classic relay 91 %",
+            ],
         );
         // 1.2× classic = 10 800 under the bare relay's 11 500; 80 % of the ceiling above it.
-        let split = with_bare(9_000.0, 9_000.0, 11_500.0);
-        assert!(
-            split.contains("80 % of the ceiling lies above it"),
-            "{split}"
-        );
-        assert!(
-            split.contains("1.2× the classic relay lies within it"),
-            "{split}"
+        says(
+            &with_bare(9_000.0, 9_000.0, 11_500.0),
+            &[
+                "80 % of the ceiling lies above it",
+                "1.2× the classic relay lies within it",
+            ],
         );
         // Targets met, or no bare relay measured: nothing to say.
         assert!(with_bare(10_000.0, 13_000.0, 14_000.0).is_empty());

@@ -658,10 +658,7 @@ fn outboxd_parts(
 async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
     let db_name = &ctx.db_classic;
     prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
-    let x0 = db::xacts(&ctx.admin, db_name).await?;
-    let deadline = drain_deadline(n);
-    let footprint = Footprint::start(ctx).await?;
-    let started = Instant::now();
+    let run = OwnDrain::begin(ctx, db_name, n).await?;
     let shared = Arc::new(classic::Shared::default());
     let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     let handles = start_classic(
@@ -670,36 +667,22 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         batch,
         workers,
         Duration::from_millis(100),
-        deadline,
+        run.deadline,
         &shared,
     )
     .await?;
-    let waited = wait_drained(ctx, db_name, n, deadline).await;
-    let (machine, wal_per_event) = footprint.since(ctx, n).await?;
-    shared.stop.store(true, Ordering::Relaxed);
-    join_classic(handles).await?;
-    let (done, polls) = waited?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let x1 = db::xacts(&ctx.admin, db_name).await?;
-    let secs = done.duration_since(started).as_secs_f64();
-    Ok(DrainRun {
-        events_per_sec: n as f64 / secs,
-        secs,
-        xacts_per_event: (x1 - x0 - polls).max(0) as f64 / n as f64,
-        statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n as f64),
-        outboxd: Usage::default(),
-        relay: Usage::default(),
-        machine,
-        batches: shared.sent_batches.load(Ordering::Relaxed),
-        wal_per_event,
-        cycle: shared
-            .cycle_ms()
-            .map(|[select, publish, mark]| Cycle::Classic {
-                select,
-                publish,
-                mark,
-            }),
-    })
+    run.finish(
+        ctx,
+        handles,
+        "classic relay",
+        &shared,
+        |[select, publish, mark]| Cycle::Classic {
+            select,
+            publish,
+            mark,
+        },
+    )
+    .await
 }
 
 /// The bare relay over the classic table: one reader, `workers` publishers.
@@ -707,23 +690,20 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
     let db_name = &ctx.db_classic;
     prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
     let url = ctx.url(db_name)?;
-    let x0 = db::xacts(&ctx.admin, db_name).await?;
-    let deadline = drain_deadline(n);
-    let settings = classic::Settings {
-        batch,
-        poll: Duration::ZERO,
-        exchange: ctx.rabbit.exchange.clone(),
-        deadline,
-    };
-    let shared = Arc::new(classic::Shared::default());
-    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench bare relay").await?);
     let mut conns = Vec::new();
     for _ in 0..=workers {
         conns.push(db::connect_bare(&url).await?);
     }
-    let footprint = Footprint::start(ctx).await?;
-    let started = Instant::now();
+    let run = OwnDrain::begin(ctx, db_name, n).await?;
+    let settings = classic::Settings {
+        batch,
+        poll: Duration::ZERO,
+        exchange: ctx.rabbit.exchange.clone(),
+        deadline: run.deadline,
+    };
+    let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     let (tx, rx) = tokio::sync::mpsc::channel(workers.max(1) as usize);
     let rx = Arc::new(Mutex::new(rx));
     let mut handles = Vec::new();
@@ -745,32 +725,76 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
             Arc::clone(&shared),
         )));
     }
-    let waited = wait_drained(ctx, db_name, n, deadline).await;
-    let (machine, wal_per_event) = footprint.since(ctx, n).await?;
-    shared.stop.store(true, Ordering::Relaxed);
-    join_classic((amqp, handles)).await.context("bare relay")?;
-    let (done, polls) = waited?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let x1 = db::xacts(&ctx.admin, db_name).await?;
-    let secs = done.duration_since(started).as_secs_f64();
-    Ok(DrainRun {
-        events_per_sec: n as f64 / secs,
-        secs,
-        xacts_per_event: (x1 - x0 - polls).max(0) as f64 / n as f64,
-        statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n as f64),
-        outboxd: Usage::default(),
-        relay: Usage::default(),
-        machine,
-        batches: shared.sent_batches.load(Ordering::Relaxed),
-        wal_per_event,
-        cycle: shared
-            .cycle_ms()
-            .map(|[select, publish, mark]| Cycle::Bare {
-                read: select,
-                publish,
-                mark,
-            }),
-    })
+    run.finish(
+        ctx,
+        (amqp, handles),
+        "bare relay",
+        &shared,
+        |[read, publish, mark]| Cycle::Bare {
+            read,
+            publish,
+            mark,
+        },
+    )
+    .await
+}
+
+/// A drain by the harness's own workers (the classic or the bare relay): its
+/// database, backlog, deadline, and what it started from.
+struct OwnDrain<'a> {
+    db_name: &'a str,
+    n: u64,
+    deadline: Instant,
+    x0: i64,
+    footprint: Footprint,
+    started: Instant,
+}
+
+impl<'a> OwnDrain<'a> {
+    /// Starts the clock and the counters, right before the workers start.
+    async fn begin(ctx: &Ctx, db_name: &'a str, n: u64) -> anyhow::Result<Self> {
+        Ok(Self {
+            db_name,
+            n,
+            deadline: drain_deadline(n),
+            x0: db::xacts(&ctx.admin, db_name).await?,
+            footprint: Footprint::start(ctx).await?,
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits until the backlog is out, stops the workers and gathers the
+    /// run's figures; `cycle` names the three timed parts of a batch.
+    async fn finish(
+        self,
+        ctx: &Ctx,
+        workers: Workers,
+        what: &str,
+        shared: &classic::Shared,
+        cycle: fn([f64; 3]) -> Cycle,
+    ) -> anyhow::Result<DrainRun> {
+        let waited = wait_drained(ctx, self.db_name, self.n, self.deadline).await;
+        let (machine, wal_per_event) = self.footprint.since(ctx, self.n).await?;
+        shared.stop.store(true, Ordering::Relaxed);
+        join_workers(workers, what).await?;
+        let (done, polls) = waited?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let x1 = db::xacts(&ctx.admin, self.db_name).await?;
+        let secs = done.duration_since(self.started).as_secs_f64();
+        let n = self.n as f64;
+        Ok(DrainRun {
+            events_per_sec: n / secs,
+            secs,
+            xacts_per_event: (x1 - self.x0 - polls).max(0) as f64 / n,
+            statements_per_event: Some(shared.statements.load(Ordering::Relaxed) as f64 / n),
+            outboxd: Usage::default(),
+            relay: Usage::default(),
+            machine,
+            batches: shared.sent_batches.load(Ordering::Relaxed),
+            wal_per_event,
+            cycle: shared.cycle_ms().map(cycle),
+        })
+    }
 }
 
 type Workers = (
@@ -808,7 +832,8 @@ async fn start_classic(
     Ok((amqp, handles))
 }
 
-async fn join_classic((amqp, handles): Workers) -> anyhow::Result<()> {
+/// Joins the harness's own relay workers; `what` names them in errors.
+async fn join_workers((amqp, handles): Workers, what: &str) -> anyhow::Result<()> {
     let mut first_err = None;
     for h in handles {
         match tokio::time::timeout(Duration::from_secs(30), h).await {
@@ -817,15 +842,15 @@ async fn join_classic((amqp, handles): Workers) -> anyhow::Result<()> {
                 first_err.get_or_insert(err);
             }
             Ok(Err(join)) => {
-                first_err.get_or_insert(anyhow::anyhow!("classic worker panicked: {join}"));
+                first_err.get_or_insert(anyhow::anyhow!("{what} worker panicked: {join}"));
             }
             Err(_) => {
-                first_err.get_or_insert(anyhow::anyhow!("classic worker did not stop in 30 s"));
+                first_err.get_or_insert(anyhow::anyhow!("{what} worker did not stop in 30 s"));
             }
         }
     }
     let _ = amqp.close(200, "bye".into()).await;
-    first_err.map_or(Ok(()), |e| Err(e.context("classic relay")))
+    first_err.map_or(Ok(()), |e| Err(e.context(what.to_owned())))
 }
 
 /// One client, one confirm channel, persistent mandatory messages of the same
@@ -1262,7 +1287,7 @@ async fn latency_run(
     let _ = consumer_conn.close(200, "bye".into()).await;
     shared.stop.store(true, Ordering::Relaxed);
     if let Some(workers) = classic_workers {
-        join_classic(workers).await?;
+        join_workers(workers, "classic relay").await?;
     }
     for p in procs_running {
         p.stop(Duration::from_secs(10)).await?;
