@@ -397,6 +397,11 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
     ))
 }
 
+/// "lies" or "lie", for a list of `n` targets.
+fn lie(n: usize) -> &'static str {
+    if n == 1 { "lies" } else { "lie" }
+}
+
 /// The drain targets a case's lease design missed, by name, with the rate each asks.
 fn missed_targets(classic: f64, outboxd: f64, ceiling: f64) -> Vec<(&'static str, f64)> {
     [
@@ -446,7 +451,7 @@ fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
             "{} {} above it: no relay that keeps one batch per worker in flight reaches that on this broker, \
              whatever its database side costs",
             above.join(" and "),
-            if above.len() == 1 { "lies" } else { "lie" }
+            lie(above.len())
         )
     };
     Some(format!(
@@ -488,7 +493,7 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
             "{} {} above it: even the least work a relay that reads and marks each row does, one batch per \
              worker in flight and nothing waiting on its database statements, did not reach that here",
             names(&above),
-            if above.len() == 1 { "lies" } else { "lie" }
+            lie(above.len())
         ));
     }
     if !below.is_empty() {
@@ -496,7 +501,7 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
             "{} {} within it: what outboxd + relay does beyond the bare relay (the lease's write, the hop \
              through outboxd) is what stands between this case and {}",
             names(&below),
-            if below.len() == 1 { "lies" } else { "lie" },
+            lie(below.len()),
             if below.len() == 1 { "it" } else { "them" }
         ));
     }
