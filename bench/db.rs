@@ -54,13 +54,13 @@ pub async fn connect_relay(url: &str) -> anyhow::Result<PgConnection> {
     .await
 }
 
-/// A bare relay connection: plans as the classic relay's, and commits
-/// without waiting for the WAL flush, as outboxd does, so the bare relay's
-/// marks cost the least they can.
-pub async fn connect_bare(url: &str) -> anyhow::Result<PgConnection> {
+/// A yardstick relay's connection (the bare or the lean lease relay): plans as
+/// the classic relay's, and commits without waiting for the WAL flush, as
+/// outboxd does, so its statements cost the least they can.
+pub async fn connect_yardstick(url: &str, application_name: &str) -> anyhow::Result<PgConnection> {
     connect_as(
         url,
-        "outbox-bench bare relay",
+        application_name,
         &[("enable_seqscan", "off"), ("synchronous_commit", "off")],
     )
     .await

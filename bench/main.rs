@@ -15,6 +15,7 @@ mod charts;
 mod classic;
 mod cpu;
 mod db;
+mod lean;
 mod machine;
 mod procs;
 mod progress;

@@ -77,10 +77,15 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
         let ratio = Spread::of(&ratios(case));
         let bare = Spread::of(&rates(&case.bare)).median;
         let classic = Spread::of(&rates(&case.classic)).median;
-        let yardstick = if bare > 0.0 && classic > 0.0 {
-            format!(" (the bare relay {:.2}×)", bare / classic)
-        } else {
-            String::new()
+        let lean = lean_rate(case);
+        let yardstick = match (bare > 0.0, lean > 0.0, classic > 0.0) {
+            (true, true, true) => format!(
+                " (the bare relay {:.2}×, the lean lease relay {:.2}×)",
+                bare / classic,
+                lean / classic
+            ),
+            (true, false, true) => format!(" (the bare relay {:.2}×)", bare / classic),
+            _ => String::new(),
         };
         out.push(Check {
             target: format!("drain ≥ 1.2× classic ({})", case_name(case)),
@@ -94,12 +99,13 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
         out.push(Check {
             target: format!("drain ≥ 80 % of confirm ceiling ({})", case_name(case)),
             measured: format!(
-                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the bare relay {:.0} %; the broker alone at this shape {:.0} %)",
+                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the bare relay {:.0} %; the lean lease relay {:.0} %; the broker alone at this shape {:.0} %)",
                 share * 100.0,
                 o.median,
                 ceiling.median,
                 ceiling_share(Spread::of(&rates(&case.classic)).median, ceiling.median) * 100.0,
                 ceiling_share(Spread::of(&rates(&case.bare)).median, ceiling.median) * 100.0,
+                ceiling_share(lean_rate(case), ceiling.median) * 100.0,
                 ceiling_share(Spread::of(&case.broker_alone).median, ceiling.median) * 100.0
             ),
             pass: judge(share >= 0.8),
@@ -311,6 +317,7 @@ fn observations(plan: &Plan, r: &Results) -> Vec<String> {
     }
     out.extend(r.drain.iter().filter_map(|case| shape_bound(case, ceiling)));
     out.extend(r.drain.iter().filter_map(|case| bare_bound(case, ceiling)));
+    out.extend(r.drain.iter().filter_map(|case| lean_bound(case, ceiling)));
     let busiest = r
         .drain
         .iter()
@@ -395,6 +402,10 @@ fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> 
         median_of(runs, |x| x.machine.busy_share) * 100.0,
         busiest * 100.0,
     ))
+}
+
+fn lean_rate(case: &DrainCase) -> f64 {
+    Spread::of(&rates(&case.lean)).median
 }
 
 /// "lies" or "lie", for a list of `n` targets.
@@ -485,26 +496,13 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     if missed.is_empty() {
         return None;
     }
-    let (above, below): (Vec<_>, Vec<_>) = missed.iter().partition(|&&(_, rate)| rate > bare);
-    let names = |v: &[&(&str, f64)]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
-    let mut verdict = Vec::new();
-    if !above.is_empty() {
-        verdict.push(format!(
-            "{} {} above it: even the least work a relay that reads and marks each row does, one batch per \
-             worker in flight and nothing waiting on its database statements, did not reach that here",
-            names(&above),
-            lie(above.len())
-        ));
-    }
-    if !below.is_empty() {
-        verdict.push(format!(
-            "{} {} within it: what outboxd + relay does beyond the bare relay (the lease's write, the hop \
-             through outboxd) is what stands between this case and {}",
-            names(&below),
-            lie(below.len()),
-            if below.len() == 1 { "it" } else { "them" }
-        ));
-    }
+    let verdict = split_at(
+        &missed,
+        bare,
+        "even the least work a relay that reads and marks each row does, one batch per worker in flight and \
+         nothing waiting on its database statements, did not reach that here",
+        "what outboxd + relay does beyond the bare relay (the lease's write, the hop through outboxd)",
+    );
     Some(format!(
         "Drain, {}: the bare relay (read each row, publish it with confirms, mark it; no lock, no lease, \
          reads ahead and marks beside the next publish) drained {bare:.0} ev/s, {:.0} % of the ceiling and \
@@ -514,8 +512,73 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
         bare / classic,
         outboxd / bare * 100.0,
         classic / bare * 100.0,
-        verdict.join("; "),
+        verdict,
     ))
+}
+
+/// Where a drain case's missed targets stand against the lean lease relay of
+/// the same shape: the lease's two writes per row with no service around them.
+/// A target above its rate asks more of the lease itself than this machine
+/// gives; below it, what outboxd adds around the lease is what costs.
+fn lean_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
+    let lean = lean_rate(case);
+    let bare = Spread::of(&rates(&case.bare)).median;
+    let classic = Spread::of(&rates(&case.classic)).median;
+    let outboxd = Spread::of(&rates(&case.outboxd)).median;
+    if lean <= 0.0 || classic <= 0.0 {
+        return None;
+    }
+    let missed = missed_targets(classic, outboxd, ceiling);
+    if missed.is_empty() {
+        return None;
+    }
+    let verdict = split_at(
+        &missed,
+        lean,
+        "the lease's own writes, with no service around them, did not reach that here",
+        "what outboxd adds around the lease (the gRPC hop and its processes, the rest of its claim)",
+    );
+    let of_bare = if bare > 0.0 {
+        format!(
+            "; it kept {:.0} % of the bare relay's rate",
+            lean / bare * 100.0
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "Drain, {}: the lean lease relay (each row leased and acked by one autocommit UPDATE each, straight from \
+         the harness on outboxd's table; no service) drained {lean:.0} ev/s, {:.0} % of the ceiling and {:.2}× the \
+         classic relay{of_bare}, and outboxd + relay kept {:.0} % of its. {verdict}.",
+        case_name(case),
+        ceiling_share(lean, ceiling) * 100.0,
+        lean / classic,
+        outboxd / lean * 100.0,
+    ))
+}
+
+/// The verdict on missed targets against a yardstick's rate: those above it
+/// get `above`'s reason, those within it are put down to `cost`.
+fn split_at(missed: &[(&str, f64)], rate: f64, above: &str, cost: &str) -> String {
+    let (over, within): (Vec<_>, Vec<_>) = missed.iter().partition(|&&(_, r)| r > rate);
+    let names = |v: &[&(&str, f64)]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
+    let mut verdict = Vec::new();
+    if !over.is_empty() {
+        verdict.push(format!(
+            "{} {} above it: {above}",
+            names(&over),
+            lie(over.len())
+        ));
+    }
+    if !within.is_empty() {
+        verdict.push(format!(
+            "{} {} within it: {cost} is what stands between this case and {}",
+            names(&within),
+            lie(within.len()),
+            if within.len() == 1 { "it" } else { "them" }
+        ));
+    }
+    verdict.join("; ")
 }
 
 /// Share of `cores` busy to process `rate` events/s at `cpu_per_event` CPU
@@ -545,17 +608,23 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
          published), on the classic table, with no lock, no lease and no transaction around the publish, reading \
          ahead and marking each batch beside the next one's publish; not safe to run, a yardstick: how far the least \
          work with no waiting gets on this machine, and how much of that each design keeps. It is not a strict \
-         bound: its statements run beside the publishes and take CPU from the broker there.\n",
+         bound: its statements run beside the publishes and take CPU from the broker there. \
+         Lean lease relay: the lease design's two writes per row and nothing else, on outboxd's table with its \
+         indexes, straight from the harness: each worker leases a batch (`UPDATE … SET locked_until`), publishes it \
+         with confirms, and acks it (`UPDATE … SET published_at`), the ack and the next claim beside the next \
+         publish; no outboxd, no gRPC, no look for expired leases. A yardstick too: beside the bare relay it prices \
+         the lease's write, beside outboxd + relay the service around it.\n",
         ceiling.show(0)
     );
     let _ = writeln!(
         s,
         "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling | classic relay's share \
-         | broker alone, same shape, msg/s | of it: classic / outboxd | bare relay ev/s | its share of ceiling | of it: classic / outboxd |"
+         | broker alone, same shape, msg/s | of it: classic / outboxd | bare relay ev/s | its share of ceiling | of it: classic / outboxd \
+         | lean lease relay ev/s | its share of ceiling | of the bare relay | outboxd + relay, of it |"
     );
     let _ = writeln!(
         s,
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     // The classic relay's share shows what a worker with one batch in flight
     // reaches against the ceiling's 2 000 unconfirmed messages, whatever the design.
@@ -566,9 +635,10 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
         let ratio = Spread::of(&ratios(case));
         let alone = Spread::of(&case.broker_alone);
         let bare = Spread::of(&rates(&case.bare));
+        let lean = Spread::of(&rates(&case.lean));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % / {:.0} % |",
+            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % | {:.0} % |",
             case.batch,
             case.workers,
             c.show(0),
@@ -583,6 +653,10 @@ fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
             share(bare.median),
             c.median / bare.median * 100.0,
             o.median / bare.median * 100.0,
+            lean.show(0),
+            share(lean.median),
+            lean.median / bare.median * 100.0,
+            o.median / lean.median * 100.0,
         );
     }
     s.push('\n');
@@ -818,12 +892,13 @@ fn machine_per100k(runs: &[DrainRun], part: Option<Component>) -> f64 {
     })
 }
 
-/// The drains of a case: the two designs, then the bare relay's yardstick.
-fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 3] {
+/// The drains of a case: the two designs, then the yardsticks.
+fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 4] {
     [
         ("classic relay", &case.classic),
         ("outboxd + relay", &case.outboxd),
         ("bare relay (yardstick)", &case.bare),
+        ("lean lease relay (yardstick)", &case.lean),
     ]
 }
 
@@ -833,7 +908,7 @@ fn machine_table(s: &mut String, r: &Results) {
         "Whole machine over each drain, from the relay's start until the backlog was out: busy CPU seconds of both \
          cores per 100 000 events (user + system + interrupts from /proc/stat, steal excluded), split by process name \
          from /proc/PID/stat (PostgreSQL includes its background workers and the children the postmaster reaped, \
-         such as autovacuum; the harness includes the classic and bare relays' workers and the drain monitor; other is what \
+         such as autovacuum; the harness includes the classic, bare and lean lease relays' workers and the drain monitor; other is what \
          no listed process accounts for). Medians over the repetitions. When both designs keep the machine near \
          saturation, their throughput ratio is close to the inverse of their total CPU per event.\n"
     );
@@ -882,7 +957,7 @@ fn cycle_table(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "Batch cycle, mean milliseconds, each design timed from the inside (medians over the repetitions): the \
-         classic and bare relays by the harness around their statements; outboxd by its `outbox_rpc_duration_seconds` and \
+         classic, bare and lean lease relays by the harness around their statements; outboxd by its `outbox_rpc_duration_seconds` and \
          `outbox_claim_batch_size` histograms and the relay's `outbox_relay_publish_duration_seconds` (from a batch's \
          send to each message's confirm), scraped at the end of the drain. \"ms per batch\" is the drain's duration \
          × workers / batches: the time one worker spends on one batch.\n"
@@ -913,6 +988,12 @@ fn cycle_table(s: &mut String, r: &Results) {
                 ),
                 Cycle::Bare { .. } => format!(
                     "SELECT (reader, ahead of the workers) {:.2}, publish → last confirm {:.2}, UPDATE (beside the next publish) {:.2}",
+                    med(0),
+                    med(1),
+                    med(2)
+                ),
+                Cycle::Lean { .. } => format!(
+                    "claim UPDATE (beside the publish) {:.2}, publish → last confirm {:.2}, ack UPDATE (beside the next publish) {:.2}",
                     med(0),
                     med(1),
                     med(2)
@@ -961,7 +1042,7 @@ fn cycle_table(s: &mut String, r: &Results) {
 
 #[cfg(test)]
 mod tests {
-    use super::{bare_bound, busy_needed, shape_bound};
+    use super::{bare_bound, busy_needed, lean_bound, shape_bound};
     use crate::scenarios::{DrainCase, DrainRun};
 
     fn case(classic: f64, outboxd: f64, alone: f64) -> DrainCase {
@@ -976,6 +1057,7 @@ mod tests {
             outboxd: vec![run(outboxd)],
             broker_alone: vec![alone],
             bare: Vec::new(),
+            lean: Vec::new(),
         }
     }
 
@@ -1043,6 +1125,38 @@ mod tests {
         // Targets met, or no bare relay measured: nothing to say.
         assert!(with_bare(10_000.0, 13_000.0, 14_000.0).is_empty());
         assert!(bare_bound(&case(10_000.0, 9_000.0, 20_000.0), 15_000.0).is_none());
+    }
+
+    #[test]
+    fn lean_bound_splits_missed_targets_at_the_lean_lease_relay() {
+        let with_lean = |classic, outboxd, bare, lean| {
+            let mut c = case(classic, outboxd, 20_000.0);
+            c.bare = vec![DrainRun {
+                events_per_sec: bare,
+                ..DrainRun::default()
+            }];
+            c.lean = vec![DrainRun {
+                events_per_sec: lean,
+                ..DrainRun::default()
+            }];
+            lean_bound(&c, 15_000.0).unwrap_or_default()
+        };
+        // Both targets are 12 000 ev/s; the lease alone reached 10 000.
+        says(
+            &with_lean(10_000.0, 9_000.0, 12_500.0, 10_000.0),
+            &[
+                "1.2× the classic relay and 80 % of the ceiling lie above it: the lease's own writes",
+                "drained 10000 ev/s, 67 % of the ceiling and 1.00× the classic relay",
+                "it kept 80 % of the bare relay's rate, and outboxd + relay kept 90 % of its",
+            ],
+        );
+        // The lease alone reached 12 500: the service is what costs.
+        says(
+            &with_lean(10_000.0, 9_000.0, 13_000.0, 12_500.0),
+            &["1.2× the classic relay and 80 % of the ceiling lie within it: what outboxd adds"],
+        );
+        assert!(with_lean(10_000.0, 13_000.0, 14_000.0, 13_500.0).is_empty());
+        assert!(lean_bound(&case(10_000.0, 9_000.0, 20_000.0), 15_000.0).is_none());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::{
     Args, Plan, bare, classic,
     cpu::{MachineCpu, Snapshot},
     db::{self, Shape},
+    lean,
     procs::{self, Binaries, RelayOpts, Usage},
     progress::Progress,
     rabbit::{self, Msg, Rabbit},
@@ -88,6 +89,14 @@ pub enum Cycle {
         /// `UPDATE published_at`, beside the next batch's publish.
         mark: f64,
     },
+    Lean {
+        /// The claim's `UPDATE … SET locked_until`, beside the publish.
+        claim: f64,
+        /// Sending the batch until its last confirm.
+        publish: f64,
+        /// The ack's `UPDATE … SET published_at`, beside the next publish.
+        ack: f64,
+    },
     Outboxd {
         /// ClaimBatch inside outboxd, with the acks it carries.
         claim: f64,
@@ -115,6 +124,11 @@ impl Cycle {
                 publish,
                 mark,
             } => [read, publish, mark],
+            Self::Lean {
+                claim,
+                publish,
+                ack,
+            } => [claim, publish, ack],
             Self::Outboxd {
                 claim,
                 confirm,
@@ -131,7 +145,7 @@ impl Cycle {
                 ack_calls_per_batch,
                 ..
             } => ack_calls_per_batch,
-            Self::Classic { .. } | Self::Bare { .. } => f64::NAN,
+            Self::Classic { .. } | Self::Bare { .. } | Self::Lean { .. } => f64::NAN,
         }
     }
 }
@@ -151,6 +165,10 @@ pub struct DrainCase {
     /// workers: the least database work any relay of this shape does, none of
     /// it on the publish's path. One per repetition.
     pub bare: Vec<DrainRun>,
+    /// The lean lease relay (`lean.rs`) on outboxd's table, same batch and
+    /// workers: the lease's two writes per row without the service around
+    /// them. One per repetition.
+    pub lean: Vec<DrainRun>,
 }
 
 #[derive(Debug, Clone)]
@@ -427,6 +445,7 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 outboxd: Vec::new(),
                 broker_alone: Vec::new(),
                 bare: Vec::new(),
+                lean: Vec::new(),
             });
         }
     }
@@ -471,6 +490,22 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 run.events_per_sec
             ));
             case.bare.push(run);
+            ctx.progress.done_step();
+            ctx.progress.doing(format!(
+                "rep {}/{}: lean lease relay, batch {batch}, {workers} worker(s)",
+                rep + 1,
+                plan.reps
+            ));
+            let run = retried(ctx, "lean lease relay run", || {
+                drain_lean(ctx, n, batch, workers)
+            })
+            .await?;
+            ctx.progress.log(format!(
+                "rep {} lean lease relay b{batch} w{workers}: {:.0} ev/s",
+                rep + 1,
+                run.events_per_sec
+            ));
+            case.lean.push(run);
             ctx.progress.done_step();
             let order = if rep % 2 == 0 {
                 [Design::Classic, Design::Outboxd]
@@ -693,7 +728,7 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
     let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench bare relay").await?);
     let mut conns = Vec::new();
     for _ in 0..=workers {
-        conns.push(db::connect_bare(&url).await?);
+        conns.push(db::connect_yardstick(&url, "outbox-bench bare relay").await?);
     }
     let run = OwnDrain::begin(ctx, db_name, n).await?;
     let settings = classic::Settings {
@@ -739,7 +774,52 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
     .await
 }
 
-/// A drain by the harness's own workers (the classic or the bare relay): its
+/// The lean lease relay over outboxd's table: `workers` claimers, no outboxd.
+async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
+    let db_name = &ctx.db_outboxd;
+    prepare_backlog(ctx, db_name, Shape::Outboxd, n).await?;
+    let url = ctx.url(db_name)?;
+    let amqp =
+        Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench lean lease relay").await?);
+    let mut conns = Vec::new();
+    for _ in 0..workers {
+        conns.push(db::connect_yardstick(&url, "outbox-bench lean lease relay").await?);
+    }
+    let run = OwnDrain::begin(ctx, db_name, n).await?;
+    let settings = classic::Settings {
+        batch,
+        poll: Duration::ZERO,
+        exchange: ctx.rabbit.exchange.clone(),
+        deadline: run.deadline,
+    };
+    let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
+    let handles = conns
+        .into_iter()
+        .map(|db| {
+            tokio::spawn(lean::worker(
+                db,
+                Arc::clone(&amqp),
+                settings.clone(),
+                Arc::clone(&shared),
+            ))
+        })
+        .collect();
+    run.finish(
+        ctx,
+        (amqp, handles),
+        "lean lease relay",
+        &shared,
+        |[claim, publish, ack]| Cycle::Lean {
+            claim,
+            publish,
+            ack,
+        },
+    )
+    .await
+}
+
+/// A drain by the harness's own workers (the classic, bare or lean lease relay): its
 /// database, backlog, deadline, and what it started from.
 struct OwnDrain<'a> {
     db_name: &'a str,
