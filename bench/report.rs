@@ -413,8 +413,11 @@ fn lie(n: usize) -> &'static str {
     if n == 1 { "lies" } else { "lie" }
 }
 
-/// The drain targets a case's lease design missed, by name, with the rate each asks.
-fn missed_targets(classic: f64, outboxd: f64, ceiling: f64) -> Vec<(&'static str, f64)> {
+/// A drain target by name, with the rate it asks for in ev/s.
+type Target = (&'static str, f64);
+
+/// The drain targets a case's lease design missed.
+fn missed_targets(classic: f64, outboxd: f64, ceiling: f64) -> Vec<Target> {
     [
         ("1.2× the classic relay", classic * 1.2),
         ("80 % of the ceiling", 0.8 * ceiling),
@@ -487,15 +490,7 @@ fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
 /// outboxd are what the design pays.
 fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     let bare = Spread::of(&rates(&case.bare)).median;
-    let classic = Spread::of(&rates(&case.classic)).median;
-    let outboxd = Spread::of(&rates(&case.outboxd)).median;
-    if bare <= 0.0 || classic <= 0.0 {
-        return None;
-    }
-    let missed = missed_targets(classic, outboxd, ceiling);
-    if missed.is_empty() {
-        return None;
-    }
+    let (classic, outboxd, missed) = missed_against(case, bare, ceiling)?;
     let verdict = split_at(
         &missed,
         bare,
@@ -523,15 +518,7 @@ fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
 fn lean_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     let lean = lean_rate(case);
     let bare = Spread::of(&rates(&case.bare)).median;
-    let classic = Spread::of(&rates(&case.classic)).median;
-    let outboxd = Spread::of(&rates(&case.outboxd)).median;
-    if lean <= 0.0 || classic <= 0.0 {
-        return None;
-    }
-    let missed = missed_targets(classic, outboxd, ceiling);
-    if missed.is_empty() {
-        return None;
-    }
+    let (classic, outboxd, missed) = missed_against(case, lean, ceiling)?;
     let verdict = split_at(
         &missed,
         lean,
@@ -557,11 +544,29 @@ fn lean_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
     ))
 }
 
+/// The classic relay's and the lease design's median rates and the drain
+/// targets the lease design missed, for a note against a yardstick that
+/// drained at `yardstick` ev/s; `None` when either was not measured or
+/// nothing was missed.
+fn missed_against(
+    case: &DrainCase,
+    yardstick: f64,
+    ceiling: f64,
+) -> Option<(f64, f64, Vec<Target>)> {
+    let classic = Spread::of(&rates(&case.classic)).median;
+    let outboxd = Spread::of(&rates(&case.outboxd)).median;
+    if yardstick <= 0.0 || classic <= 0.0 {
+        return None;
+    }
+    let missed = missed_targets(classic, outboxd, ceiling);
+    (!missed.is_empty()).then_some((classic, outboxd, missed))
+}
+
 /// The verdict on missed targets against a yardstick's rate: those above it
 /// get `above`'s reason, those within it are put down to `cost`.
-fn split_at(missed: &[(&str, f64)], rate: f64, above: &str, cost: &str) -> String {
+fn split_at(missed: &[Target], rate: f64, above: &str, cost: &str) -> String {
     let (over, within): (Vec<_>, Vec<_>) = missed.iter().partition(|&&(_, r)| r > rate);
-    let names = |v: &[&(&str, f64)]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
+    let names = |v: &[&Target]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
     let mut verdict = Vec::new();
     if !over.is_empty() {
         verdict.push(format!(

@@ -49,6 +49,25 @@ impl Design {
     }
 }
 
+/// The harness's own relays that measure what a drain could reach, run in
+/// each repetition before the designs.
+#[derive(Debug, Clone, Copy)]
+enum Yardstick {
+    /// `bare.rs`: read, publish, mark; no lock, no lease.
+    Bare,
+    /// `lean.rs`: the lease's two writes, no service.
+    Lean,
+}
+
+impl Yardstick {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Bare => "bare relay",
+            Self::Lean => "lean lease relay",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct DrainRun {
     pub events_per_sec: f64,
@@ -366,7 +385,8 @@ fn steps(plan: &Plan) -> u64 {
     let reps = plan.reps as u64;
     let mut n = 0;
     if plan.drain {
-        n += reps * (1 + 4 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
+        // Per case: the broker alone, two yardsticks, two designs.
+        n += reps * (1 + 5 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
     }
     if plan.latency {
         n += 1 + reps * (1 + plan.poll_ms.len() as u64);
@@ -478,35 +498,31 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
             ));
             case.broker_alone.push(rate);
             ctx.progress.done_step();
-            ctx.progress.doing(format!(
-                "rep {}/{}: bare relay, batch {batch}, {workers} worker(s)",
-                rep + 1,
-                plan.reps
-            ));
-            let run = retried(ctx, "bare relay run", || drain_bare(ctx, n, batch, workers)).await?;
-            ctx.progress.log(format!(
-                "rep {} bare relay b{batch} w{workers}: {:.0} ev/s",
-                rep + 1,
-                run.events_per_sec
-            ));
-            case.bare.push(run);
-            ctx.progress.done_step();
-            ctx.progress.doing(format!(
-                "rep {}/{}: lean lease relay, batch {batch}, {workers} worker(s)",
-                rep + 1,
-                plan.reps
-            ));
-            let run = retried(ctx, "lean lease relay run", || {
-                drain_lean(ctx, n, batch, workers)
-            })
-            .await?;
-            ctx.progress.log(format!(
-                "rep {} lean lease relay b{batch} w{workers}: {:.0} ev/s",
-                rep + 1,
-                run.events_per_sec
-            ));
-            case.lean.push(run);
-            ctx.progress.done_step();
+            for yardstick in [Yardstick::Bare, Yardstick::Lean] {
+                let label = yardstick.label();
+                ctx.progress.doing(format!(
+                    "rep {}/{}: {label}, batch {batch}, {workers} worker(s)",
+                    rep + 1,
+                    plan.reps
+                ));
+                let run = retried(ctx, &format!("{label} run"), || async move {
+                    match yardstick {
+                        Yardstick::Bare => drain_bare(ctx, n, batch, workers).await,
+                        Yardstick::Lean => drain_lean(ctx, n, batch, workers).await,
+                    }
+                })
+                .await?;
+                ctx.progress.log(format!(
+                    "rep {} {label} b{batch} w{workers}: {:.0} ev/s",
+                    rep + 1,
+                    run.events_per_sec
+                ));
+                match yardstick {
+                    Yardstick::Bare => case.bare.push(run),
+                    Yardstick::Lean => case.lean.push(run),
+                }
+                ctx.progress.done_step();
+            }
             let order = if rep % 2 == 0 {
                 [Design::Classic, Design::Outboxd]
             } else {
@@ -722,23 +738,15 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
 
 /// The bare relay over the classic table: one reader, `workers` publishers.
 async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let db_name = &ctx.db_classic;
-    prepare_backlog(ctx, db_name, Shape::Classic, n).await?;
-    let url = ctx.url(db_name)?;
-    let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench bare relay").await?);
-    let mut conns = Vec::new();
-    for _ in 0..=workers {
-        conns.push(db::connect_yardstick(&url, "outbox-bench bare relay").await?);
-    }
-    let run = OwnDrain::begin(ctx, db_name, n).await?;
-    let settings = classic::Settings {
-        batch,
-        poll: Duration::ZERO,
-        exchange: ctx.rabbit.exchange.clone(),
-        deadline: run.deadline,
-    };
-    let shared = Arc::new(classic::Shared::default());
-    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
+    let start = YardstickStart::new(ctx, Yardstick::Bare, n, batch, workers + 1).await?;
+    let YardstickStart {
+        amqp,
+        conns,
+        run,
+        settings,
+        shared,
+        guard: _guard,
+    } = start;
     let (tx, rx) = tokio::sync::mpsc::channel(workers.max(1) as usize);
     let rx = Arc::new(Mutex::new(rx));
     let mut handles = Vec::new();
@@ -776,24 +784,15 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
 
 /// The lean lease relay over outboxd's table: `workers` claimers, no outboxd.
 async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let db_name = &ctx.db_outboxd;
-    prepare_backlog(ctx, db_name, Shape::Outboxd, n).await?;
-    let url = ctx.url(db_name)?;
-    let amqp =
-        Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench lean lease relay").await?);
-    let mut conns = Vec::new();
-    for _ in 0..workers {
-        conns.push(db::connect_yardstick(&url, "outbox-bench lean lease relay").await?);
-    }
-    let run = OwnDrain::begin(ctx, db_name, n).await?;
-    let settings = classic::Settings {
-        batch,
-        poll: Duration::ZERO,
-        exchange: ctx.rabbit.exchange.clone(),
-        deadline: run.deadline,
-    };
-    let shared = Arc::new(classic::Shared::default());
-    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
+    let start = YardstickStart::new(ctx, Yardstick::Lean, n, batch, workers).await?;
+    let YardstickStart {
+        amqp,
+        conns,
+        run,
+        settings,
+        shared,
+        guard: _guard,
+    } = start;
     let handles = conns
         .into_iter()
         .map(|db| {
@@ -817,6 +816,60 @@ async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
         },
     )
     .await
+}
+
+/// What a yardstick's drain starts from: its backlog filled, its broker
+/// connection and database sessions open, and the clock started.
+struct YardstickStart<'a> {
+    amqp: Arc<lapin::Connection>,
+    conns: Vec<sqlx::PgConnection>,
+    run: OwnDrain<'a>,
+    settings: classic::Settings,
+    shared: Arc<classic::Shared>,
+    /// Stops the workers if the drain ends early.
+    guard: classic::StopGuard,
+}
+
+impl<'a> YardstickStart<'a> {
+    /// The bare relay reads the classic table, the lean lease relay leases
+    /// rows on outboxd's; `sessions` database connections each.
+    async fn new(
+        ctx: &'a Ctx,
+        yardstick: Yardstick,
+        n: u64,
+        batch: u32,
+        sessions: u32,
+    ) -> anyhow::Result<Self> {
+        let (db_name, shape) = match yardstick {
+            Yardstick::Bare => (&ctx.db_classic, Shape::Classic),
+            Yardstick::Lean => (&ctx.db_outboxd, Shape::Outboxd),
+        };
+        prepare_backlog(ctx, db_name, shape, n).await?;
+        let url = ctx.url(db_name)?;
+        let name = format!("outbox-bench {}", yardstick.label());
+        let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, &name).await?);
+        let mut conns = Vec::new();
+        for _ in 0..sessions {
+            conns.push(db::connect_yardstick(&url, &name).await?);
+        }
+        let run = OwnDrain::begin(ctx, db_name, n).await?;
+        let settings = classic::Settings {
+            batch,
+            poll: Duration::ZERO,
+            exchange: ctx.rabbit.exchange.clone(),
+            deadline: run.deadline,
+        };
+        let shared = Arc::new(classic::Shared::default());
+        let guard = classic::StopGuard(Arc::clone(&shared));
+        Ok(Self {
+            amqp,
+            conns,
+            run,
+            settings,
+            shared,
+            guard,
+        })
+    }
 }
 
 /// A drain by the harness's own workers (the classic, bare or lean lease relay): its
