@@ -738,15 +738,8 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
 
 /// The bare relay over the classic table: one reader, `workers` publishers.
 async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let start = YardstickStart::new(ctx, Yardstick::Bare, n, batch, workers + 1).await?;
-    let YardstickStart {
-        amqp,
-        conns,
-        run,
-        settings,
-        shared,
-        guard: _guard,
-    } = start;
+    let (start, conns) = YardstickStart::new(ctx, Yardstick::Bare, n, batch, workers + 1).await?;
+    let (settings, shared) = (&start.settings, &start.shared);
     let (tx, rx) = tokio::sync::mpsc::channel(workers.max(1) as usize);
     let rx = Arc::new(Mutex::new(rx));
     let mut handles = Vec::new();
@@ -756,73 +749,43 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
             db,
             tx,
             settings.clone(),
-            Arc::clone(&shared),
+            Arc::clone(shared),
         )));
     }
     for db in conns {
         handles.push(tokio::spawn(bare::worker(
             db,
-            Arc::clone(&amqp),
+            Arc::clone(&start.amqp),
             Arc::clone(&rx),
             settings.clone(),
-            Arc::clone(&shared),
+            Arc::clone(shared),
         )));
     }
-    run.finish(
-        ctx,
-        (amqp, handles),
-        "bare relay",
-        &shared,
-        |[read, publish, mark]| Cycle::Bare {
-            read,
-            publish,
-            mark,
-        },
-    )
-    .await
+    start.finish(ctx, handles).await
 }
 
 /// The lean lease relay over outboxd's table: `workers` claimers, no outboxd.
 async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let start = YardstickStart::new(ctx, Yardstick::Lean, n, batch, workers).await?;
-    let YardstickStart {
-        amqp,
-        conns,
-        run,
-        settings,
-        shared,
-        guard: _guard,
-    } = start;
+    let (start, conns) = YardstickStart::new(ctx, Yardstick::Lean, n, batch, workers).await?;
     let handles = conns
         .into_iter()
         .map(|db| {
             tokio::spawn(lean::worker(
                 db,
-                Arc::clone(&amqp),
-                settings.clone(),
-                Arc::clone(&shared),
+                Arc::clone(&start.amqp),
+                start.settings.clone(),
+                Arc::clone(&start.shared),
             ))
         })
         .collect();
-    run.finish(
-        ctx,
-        (amqp, handles),
-        "lean lease relay",
-        &shared,
-        |[claim, publish, ack]| Cycle::Lean {
-            claim,
-            publish,
-            ack,
-        },
-    )
-    .await
+    start.finish(ctx, handles).await
 }
 
 /// What a yardstick's drain starts from: its backlog filled, its broker
-/// connection and database sessions open, and the clock started.
+/// connection open, and the clock started.
 struct YardstickStart<'a> {
+    yardstick: Yardstick,
     amqp: Arc<lapin::Connection>,
-    conns: Vec<sqlx::PgConnection>,
     run: OwnDrain<'a>,
     settings: classic::Settings,
     shared: Arc<classic::Shared>,
@@ -832,14 +795,14 @@ struct YardstickStart<'a> {
 
 impl<'a> YardstickStart<'a> {
     /// The bare relay reads the classic table, the lean lease relay leases
-    /// rows on outboxd's; `sessions` database connections each.
+    /// rows on outboxd's; with `sessions` database connections for its workers.
     async fn new(
         ctx: &'a Ctx,
         yardstick: Yardstick,
         n: u64,
         batch: u32,
         sessions: u32,
-    ) -> anyhow::Result<Self> {
+    ) -> anyhow::Result<(Self, Vec<sqlx::PgConnection>)> {
         let (db_name, shape) = match yardstick {
             Yardstick::Bare => (&ctx.db_classic, Shape::Classic),
             Yardstick::Lean => (&ctx.db_outboxd, Shape::Outboxd),
@@ -861,14 +824,46 @@ impl<'a> YardstickStart<'a> {
         };
         let shared = Arc::new(classic::Shared::default());
         let guard = classic::StopGuard(Arc::clone(&shared));
-        Ok(Self {
+        let start = Self {
+            yardstick,
             amqp,
-            conns,
             run,
             settings,
             shared,
             guard,
-        })
+        };
+        Ok((start, conns))
+    }
+
+    /// Waits for the drain with the workers' `handles`, and names the three
+    /// timed parts of a batch as the yardstick times them.
+    async fn finish(
+        self,
+        ctx: &Ctx,
+        handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    ) -> anyhow::Result<DrainRun> {
+        let cycle: fn([f64; 3]) -> Cycle = match self.yardstick {
+            Yardstick::Bare => |[read, publish, mark]| Cycle::Bare {
+                read,
+                publish,
+                mark,
+            },
+            Yardstick::Lean => |[claim, publish, ack]| Cycle::Lean {
+                claim,
+                publish,
+                ack,
+            },
+        };
+        let _guard = self.guard;
+        self.run
+            .finish(
+                ctx,
+                (self.amqp, handles),
+                self.yardstick.label(),
+                &self.shared,
+                cycle,
+            )
+            .await
     }
 }
 
