@@ -141,7 +141,9 @@ pub struct ServeArgs {
     pub metrics_listen: SocketAddr,
 
     /// How often each outbox's gauges (pending, in flight, oldest age...) are
-    /// sampled, by one query per outbox.
+    /// sampled, by one query per outbox. A sample reads every pending row, so
+    /// with a backlog large enough that one takes over 1/20 of this, samples
+    /// are spaced to keep sampling to 1/20 of the time.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", value_parser = parse_duration, default_value = "5s")]
     pub metrics_interval: Duration,
 
