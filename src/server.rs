@@ -357,10 +357,10 @@ async fn sample_gauges(
 
 /// The pause before the next gauge sample. A sample reads every pending row,
 /// so with a large backlog (0.4–0.7 µs a row here: 140 ms for 200 000 rows,
-/// 0.44–0.75 s for a million) it would keep a database backend busy for much of
-/// each interval, just when the relays are behind. The pause stretches so that sampling takes at most 1/20
-/// of the time; the gauges then lag by more than the interval, which the log
-/// says once.
+/// 0.44–0.75 s for a million) it would keep a database backend busy for much
+/// of each interval, just when the relays are behind. The pause stretches so
+/// that sampling takes at most 1/20 of the time; the gauges then lag by more
+/// than the interval, which the log says once.
 fn gauge_pause(every: Duration, took: Duration) -> Duration {
     every.max(took.saturating_mul(GAUGE_DUTY))
 }
