@@ -16,6 +16,9 @@ pub struct Machine {
     pub rustc: String,
     pub git_commit: String,
     pub command: String,
+    /// Which CPUs the harness, PostgreSQL and RabbitMQ may run on: a run
+    /// with the broker pinned (`scripts/bench-broker-core`) must say so.
+    pub cpu_layout: String,
 }
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
@@ -77,5 +80,43 @@ pub async fn describe(args: &Args) -> Machine {
             })
             .unwrap_or_else(|| "unknown".into()),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        cpu_layout: cpu_layout(),
     }
+}
+
+/// The CPUs each side of the run may use, from `Cpus_allowed_list` in
+/// /proc: the harness (outboxd and the relay inherit its mask), PostgreSQL's
+/// postmaster (its backends inherit that) and RabbitMQ's Erlang VM.
+fn cpu_layout() -> String {
+    let allowed = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|v| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let mut comm = std::collections::HashMap::new();
+    if let Ok(procs) = procfs::process::all_processes() {
+        for stat in procs.flatten().filter_map(|p| p.stat().ok()) {
+            comm.insert(stat.pid, (stat.comm, stat.ppid));
+        }
+    }
+    // The first process of that name whose parent is not one too: the
+    // postmaster rather than a backend.
+    let find = |name: &str| {
+        comm.iter()
+            .filter(|(_, (c, ppid))| c == name && comm.get(ppid).is_none_or(|(p, _)| p != name))
+            .map(|(pid, _)| *pid)
+            .min()
+            .map_or_else(|| "not found".to_owned(), |pid| allowed(&pid.to_string()))
+    };
+    format!(
+        "harness, outboxd and outbox-relay: {}; PostgreSQL: {}; RabbitMQ: {}",
+        allowed("self"),
+        find("postgres"),
+        find("beam.smp")
+    )
 }

@@ -229,6 +229,7 @@ pub fn render(
         "| load average at start | {} (the machine is shared with other builds and tests) |",
         m.load_before
     );
+    let _ = writeln!(s, "| CPUs allowed | {} |", m.cpu_layout);
     let _ = writeln!(s, "| PostgreSQL | {} |", m.postgres);
     let _ = writeln!(s, "| RabbitMQ | {} |", m.rabbitmq);
     let _ = writeln!(s, "| rustc | {} |", m.rustc);
