@@ -3,6 +3,7 @@
 use std::process::Command;
 
 use crate::Args;
+use crate::cpu::Component;
 
 #[derive(Debug, Clone, Default)]
 pub struct Machine {
@@ -84,22 +85,36 @@ pub async fn describe(args: &Args) -> Machine {
     }
 }
 
-/// The CPUs each side of the run may use, from `Cpus_allowed_list` in
-/// /proc: the harness (outboxd and the relay inherit its mask), PostgreSQL's
-/// postmaster (its backends inherit that) and RabbitMQ's Erlang VM.
+/// The CPUs each side of the run may use, as procfs reads them from
+/// `Cpus_allowed_list`: the harness (outboxd and the relay inherit its mask),
+/// PostgreSQL's postmaster (its backends inherit that) and RabbitMQ's Erlang VM.
 fn cpu_layout() -> String {
-    let allowed = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
+    use procfs::process::{Process, all_processes};
+
+    let allowed = |process: procfs::ProcResult<Process>| {
+        process
+            .and_then(|p| p.status())
             .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .map(|v| v.trim().to_owned())
-            })
-            .unwrap_or_else(|| "unknown".into())
+            .and_then(|s| s.cpus_allowed_list)
+            .map_or_else(
+                || "unknown".to_owned(),
+                |ranges| {
+                    ranges
+                        .iter()
+                        .map(|&(a, b)| {
+                            if a == b {
+                                a.to_string()
+                            } else {
+                                format!("{a}-{b}")
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            )
     };
     let mut comm = std::collections::HashMap::new();
-    if let Ok(procs) = procfs::process::all_processes() {
+    if let Ok(procs) = all_processes() {
         for stat in procs.flatten().filter_map(|p| p.stat().ok()) {
             comm.insert(stat.pid, (stat.comm, stat.ppid));
         }
@@ -111,12 +126,14 @@ fn cpu_layout() -> String {
             .filter(|(_, (c, ppid))| c == name && comm.get(ppid).is_none_or(|(p, _)| p != name))
             .map(|(pid, _)| *pid)
             .min()
-            .map_or_else(|| "not found".to_owned(), |pid| allowed(&pid.to_string()))
+            .map_or_else(|| "not found".to_owned(), |pid| allowed(Process::new(pid)))
     };
     format!(
-        "harness, outboxd and outbox-relay: {}; PostgreSQL: {}; RabbitMQ: {}",
-        allowed("self"),
+        "harness, outboxd and outbox-relay: {}; {}: {}; {}: {}",
+        allowed(Process::myself()),
+        Component::Postgres.label(),
         find("postgres"),
+        Component::RabbitMq.label(),
         find("beam.smp")
     )
 }
