@@ -6,13 +6,13 @@ use outboxd::{config, relay, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args: relay::RelayArgs = match config::parse_args("outbox-relay") {
-        Ok(args) => args,
+    let (args, sources): (relay::RelayArgs, _) = match config::parse_args("outbox-relay") {
+        Ok(parsed) => parsed,
         Err(code) => return code,
     };
     let config = match args.validate() {
         Ok(config) => config,
-        Err(reason) => return config::invalid_config("outbox-relay", &reason),
+        Err(reason) => return config::invalid_config("outbox-relay", &sources, &reason),
     };
     let telemetry = match telemetry::init("outbox-relay", args.log.log_format) {
         Ok(telemetry) => telemetry,

@@ -10,15 +10,15 @@ use outboxd::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli: Cli = match config::parse_args("outboxd") {
-        Ok(cli) => cli,
+    let (cli, sources): (Cli, _) = match config::parse_args("outboxd") {
+        Ok(parsed) => parsed,
         Err(code) => return code,
     };
     match cli.command {
         Some(Command::Migrate { database, log }) => {
             let db = match database.validate() {
                 Ok(db) => db,
-                Err(reason) => return config_error(&reason),
+                Err(reason) => return config::invalid_config("outboxd", &sources, &reason),
             };
             let Some(telemetry) = start_telemetry(log.log_format) else {
                 return ExitCode::FAILURE;
@@ -33,7 +33,7 @@ async fn main() -> ExitCode {
         None => {
             let config = match cli.serve.validate() {
                 Ok(config) => config,
-                Err(reason) => return config_error(&reason),
+                Err(reason) => return config::invalid_config("outboxd", &sources, &reason),
             };
             let Some(telemetry) = start_telemetry(cli.serve.log.log_format) else {
                 return ExitCode::FAILURE;
@@ -64,10 +64,6 @@ fn start_telemetry(format: LogFormat) -> Option<Telemetry> {
             None
         }
     }
-}
-
-fn config_error(reason: &str) -> ExitCode {
-    config::invalid_config("outboxd", reason)
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {
