@@ -1,7 +1,7 @@
 //! Command line and environment, read once and validated before anything is
 //! bound: a bad value exits with code 64 and one line saying which and why.
 
-use std::{net::SocketAddr, str::FromStr, time::Duration};
+use std::{str::FromStr, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqlx::postgres::PgConnectOptions;
@@ -9,6 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 use crate::{
     lease::{BackoffPolicy, Limits},
     outbox::{OutboxArg, OutboxPolicy, OutboxSpec, parse_duration},
+    store::ConnectSettings,
 };
 
 /// Exit code for a configuration error (EX_USAGE from sysexits.h).
@@ -87,10 +88,11 @@ impl Sources {
                 Some((_, var)) => {
                     out.push_str(&format!("{var} ({flag})"));
                     // clap renders the flag as `--flag <VALUE>`.
-                    if let Some(placeholder) = after.strip_prefix(" <") {
-                        if let Some(end) = placeholder.find('>') {
-                            after = &placeholder[end + 1..];
-                        }
+                    if let Some((_, rest)) = after
+                        .strip_prefix(" <")
+                        .and_then(|placeholder| placeholder.split_once('>'))
+                    {
+                        after = rest;
                     }
                 }
                 None => out.push_str(flag),
@@ -264,9 +266,18 @@ pub struct DatabaseArgs {
     #[arg(long, env = "OUTBOXD_DB_MAX_CONNECTIONS", default_value_t = 20)]
     pub db_max_connections: u32,
 
-    /// How long an RPC waits for a pooled connection before failing with UNAVAILABLE.
+    /// How long an RPC waits for a pooled connection before failing with
+    /// UNAVAILABLE; also bounds each connection attempt at start.
     #[arg(long, env = "OUTBOXD_DB_ACQUIRE_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
     pub db_acquire_timeout: Duration,
+
+    /// How long start-up keeps retrying a database it cannot reach (refused,
+    /// timed out, starting up, out of connections) before exiting with code 69;
+    /// 0 retries forever. Default: forever for the server, 2m for `outboxd
+    /// migrate`. A database that refuses the role, the password or the
+    /// database name exits 69 at once.
+    #[arg(long, env = "OUTBOXD_DB_START_TIMEOUT", value_parser = parse_duration)]
+    pub db_start_timeout: Option<Duration>,
 
     /// An outbox: NAME=SCHEMA.TABLE[:key=value...]. Repeatable; options are
     /// max_attempts, retention, backoff_base, backoff_factor, backoff_max.
@@ -312,13 +323,14 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub log: LogArgs,
 
-    /// gRPC listen address.
+    /// gRPC listen address: HOST:PORT, the host an IP address or a name.
     #[arg(long, env = "OUTBOXD_LISTEN", default_value = "0.0.0.0:50051")]
-    pub listen: SocketAddr,
+    pub listen: ListenAddr,
 
-    /// Prometheus metrics address (`GET /metrics`).
+    /// Prometheus metrics address (`GET /metrics`); the relay's default is
+    /// 9091, so both run side by side with their defaults.
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
-    pub metrics_listen: SocketAddr,
+    pub metrics_listen: ListenAddr,
 
     /// How often each outbox's gauges (pending, in flight, oldest age...) are
     /// sampled, by one query per outbox. A sample reads every pending row, so
@@ -389,15 +401,31 @@ pub struct DatabaseConfig {
     pub display_url: String,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// As given; `None` takes the command's default.
+    pub start_timeout: Option<Duration>,
     pub outboxes: Vec<OutboxSpec>,
+}
+
+impl DatabaseConfig {
+    /// How start-up reaches this database: `default_wait` applies unless
+    /// `--db-start-timeout` was given; zero waits forever.
+    pub fn connect_settings(&self, default_wait: Option<Duration>) -> ConnectSettings {
+        ConnectSettings {
+            options: self.connect.clone(),
+            display_url: self.display_url.clone(),
+            max_connections: self.max_connections,
+            acquire_timeout: self.acquire_timeout,
+            give_up_after: self.start_timeout.or(default_wait).filter(|d| !d.is_zero()),
+        }
+    }
 }
 
 /// Server settings, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database: DatabaseConfig,
-    pub listen: SocketAddr,
-    pub metrics_listen: SocketAddr,
+    pub listen: ListenAddr,
+    pub metrics_listen: ListenAddr,
     pub metrics_interval: Duration,
     pub migrate: bool,
     pub limits: Limits,
@@ -424,6 +452,9 @@ impl DatabaseArgs {
         let connect = PgConnectOptions::from_str(url)
             .map_err(|_| format!("--database-url is not a valid PostgreSQL URL: {display_url}"))?
             .application_name("outboxd");
+        if self.db_acquire_timeout.is_zero() {
+            return Err("--db-acquire-timeout must be positive".into());
+        }
         if self.db_max_connections == 0 {
             return Err("--db-max-connections must be at least 1".into());
         }
@@ -473,6 +504,7 @@ impl DatabaseArgs {
             display_url,
             max_connections: self.db_max_connections,
             acquire_timeout: self.db_acquire_timeout,
+            start_timeout: self.db_start_timeout,
             outboxes,
         })
     }
@@ -505,8 +537,8 @@ impl ServeArgs {
         }
         Ok(Config {
             database,
-            listen: self.listen,
-            metrics_listen: self.metrics_listen,
+            listen: self.listen.clone(),
+            metrics_listen: self.metrics_listen.clone(),
             metrics_interval: self.metrics_interval,
             migrate: !self.no_migrate,
             limits: Limits {

@@ -4,11 +4,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use sqlx::{
-    PgPool,
-    migrate::Migrator,
-    postgres::{PgListener, PgPoolOptions},
-};
+use sqlx::{PgPool, migrate::Migrator, postgres::PgListener};
 use tokio::{net::TcpListener, task::JoinHandle, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -22,7 +18,7 @@ use crate::{
     },
     metrics::{self, Metrics, ServerMetrics},
     service::OutboxService,
-    store::{AdoptMode, PgStore},
+    store::{self, AdoptMode, ConnectError, PgStore, StoreError},
     wakeup::{self, Wakeup},
     watch::{self, WatchSettings},
 };
@@ -33,63 +29,83 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// The health-service name readiness probes ask about.
 pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>::NAME;
 
-/// Connects, retrying with capped backoff until the database answers or `cancel`:
-/// a replica started before its database should wait, not crash-loop.
-pub async fn connect(db: &DatabaseConfig, cancel: &CancellationToken) -> anyhow::Result<PgPool> {
-    let mut backoff = Duration::from_millis(200);
-    let mut warned = false;
-    loop {
-        let attempt = PgPoolOptions::new()
-            .max_connections(db.max_connections)
-            .acquire_timeout(db.acquire_timeout)
-            // A broken connection fails one statement with UNAVAILABLE and is
-            // dropped; pinging before every statement would double round trips.
-            .test_before_acquire(false)
-            // outboxd's own writes (claim, ack, nack, extend, retention) need not
-            // wait for their WAL flush: one lost in a database crash only makes
-            // its rows claimable again, a redelivery that at-least-once already
-            // allows, never a loss. Skipping the flush takes an fsync off every
-            // claim's and every ack's round trip. Producers' commits are unaffected.
-            //
-            // Every statement outboxd runs has an index made for it, and its plan
-            // is cached per connection: planned while the table was still empty
-            // (a new deployment, a drained queue) it would be a sequential scan,
-            // kept until autovacuum re-analyzes the table, and as history grows
-            // each claim and ack would read the whole table (20–30 ms at 20 000
-            // rows, measured). With sequential scans priced out the cached plans
-            // use the indexes whatever the statistics said when they were made.
-            .connect_with(
-                db.connect
-                    .clone()
-                    .options([("synchronous_commit", "off"), ("enable_seqscan", "off")]),
-            )
-            .await;
-        match attempt {
-            Ok(pool) => {
-                tracing::info!(database = %db.display_url, "connected to database");
-                return Ok(pool);
-            }
-            Err(err) if !warned => {
-                tracing::warn!(database = %db.display_url, error = %err, "database not reachable; retrying");
-                warned = true;
-            }
-            Err(err) => tracing::debug!(error = %err, "database still not reachable"),
+/// How long `outboxd migrate` waits for an unreachable database by default: a
+/// migration Job must fail where someone sees it, not hang.
+pub const MIGRATE_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why start-up failed, sorted by what the operator must do (the exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listen address cannot be bound (in use, not resolvable): configuration.
+    #[error("{0}")]
+    Listen(String),
+    /// The database refuses outboxd, or stayed unreachable past the start-up
+    /// timeout, or lacks a table outboxd may not create: no retry will help.
+    #[error("{0}")]
+    Database(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl StartError {
+    /// 64 (EX_USAGE) for a listen address, 69 (EX_UNAVAILABLE) for the
+    /// database, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Listen(_) => crate::config::EXIT_CONFIG as u8,
+            Self::Database(_) => EXIT_DATABASE,
+            Self::Other(_) => 1,
         }
-        tokio::select! {
-            () = cancel.cancelled() => anyhow::bail!("shutdown before the database became reachable"),
-            () = tokio::time::sleep(backoff) => {}
+    }
+}
+
+/// Exit code when the database refuses outboxd or cannot be reached in time
+/// (EX_UNAVAILABLE from sysexits.h).
+pub const EXIT_DATABASE: u8 = 69;
+
+impl From<ConnectError> for StartError {
+    fn from(err: ConnectError) -> Self {
+        match err {
+            ConnectError::Cancelled => Self::Other(err.into()),
+            other => Self::Database(other.to_string()),
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// A store error during migration or adoption: refusals and tables that
+/// cannot be used are the operator's to fix; the rest may pass on a restart.
+fn start_store_error(db: &DatabaseConfig, what: &str, err: StoreError) -> StartError {
+    match err {
+        StoreError::Refused(reason) | StoreError::Schema(reason) => StartError::Database(format!(
+            "{what} in database {} as role {:?}: {reason}",
+            db.display_url,
+            db.connect.get_username()
+        )),
+        other => StartError::Other(anyhow::Error::new(other).context(what.to_owned())),
+    }
+}
+
+async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartError> {
+    match MIGRATOR.run(pool).await {
+        Ok(()) => Ok(()),
+        Err(sqlx::migrate::MigrateError::Execute(err)) => Err(start_store_error(
+            db,
+            "running migrations",
+            StoreError::from(err),
+        )),
+        Err(err) => Err(StartError::Other(
+            anyhow::Error::new(err).context("running migrations"),
+        )),
     }
 }
 
 /// `outboxd migrate`: migrations under sqlx's advisory lock, then table adoption.
-pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> anyhow::Result<()> {
-    let pool = connect(db, cancel).await?;
-    MIGRATOR.run(&pool).await.context("running migrations")?;
+pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> Result<(), StartError> {
+    let pool = store::connect(&db.connect_settings(Some(MIGRATE_START_TIMEOUT)), cancel).await?;
+    run_migrations(db, &pool).await?;
     PgStore::open(pool.clone(), &db.outboxes, AdoptMode::Create)
         .await
-        .context("adopting outbox tables")?;
+        .map_err(|e| start_store_error(db, "adopting outbox tables", e))?;
     pool.close().await;
     tracing::info!(outboxes = db.outboxes.len(), "migrations applied");
     Ok(())
@@ -105,24 +121,34 @@ pub struct Server {
 }
 
 impl Server {
-    pub async fn build(config: Config, cancel: &CancellationToken) -> anyhow::Result<Self> {
-        let pool = connect(&config.database, cancel).await?;
+    /// Binds both listeners first, so a port in use fails before any
+    /// connection or migration; then waits for the database (see
+    /// `store::connect`), migrates unless told not to, and checks the tables.
+    pub async fn build(config: Config, cancel: &CancellationToken) -> Result<Self, StartError> {
+        let listener = config
+            .listen
+            .bind("--listen (OUTBOXD_LISTEN)")
+            .await
+            .map_err(StartError::Listen)?;
+        let metrics_listener = config
+            .metrics_listen
+            .bind("--metrics-listen (OUTBOXD_METRICS_LISTEN)")
+            .await
+            .map_err(StartError::Listen)?;
+        let db = &config.database;
+        let pool = store::connect(&db.connect_settings(None), cancel).await?;
         let mode = if config.migrate {
-            MIGRATOR.run(&pool).await.context("running migrations")?;
+            run_migrations(db, &pool).await?;
             AdoptMode::Create
         } else {
             AdoptMode::Verify
         };
-        let store = PgStore::open(pool, &config.database.outboxes, mode)
+        let store = PgStore::open(pool, &db.outboxes, mode)
             .await
-            .context("preparing outbox tables")?;
+            .map_err(|e| start_store_error(db, "preparing outbox tables", e))?;
         let notifications = wakeup::connect(&store)
             .await
             .context("listening for outbox notifications")?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
-        let metrics_listener = metrics::bind(config.metrics_listen).await?;
         Ok(Self {
             config,
             store,

@@ -26,7 +26,10 @@ async fn main() -> ExitCode {
             let Ok(cancel) = shutdown::on_signals() else {
                 return ExitCode::FAILURE;
             };
-            let code = report(server::migrate(&db, &cancel).await);
+            let code = match server::migrate(&db, &cancel).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => start_failed(&err),
+            };
             telemetry.shutdown(FLUSH_DEADLINE).await;
             code
         }
@@ -41,12 +44,10 @@ async fn main() -> ExitCode {
             let Ok(cancel) = shutdown::on_signals() else {
                 return ExitCode::FAILURE;
             };
-            let result = async {
-                let server = server::Server::build(config, &cancel).await?;
-                server.serve(cancel).await
-            }
-            .await;
-            let code = report(result);
+            let code = match server::Server::build(config, &cancel).await {
+                Ok(server) => report(server.serve(cancel).await),
+                Err(err) => start_failed(&err),
+            };
             telemetry.shutdown(FLUSH_DEADLINE).await;
             code
         }
@@ -64,6 +65,12 @@ fn start_telemetry(format: LogFormat) -> Option<Telemetry> {
             None
         }
     }
+}
+
+/// One line saying why, and the exit code that sorts it (see `StartError`).
+fn start_failed(err: &server::StartError) -> ExitCode {
+    tracing::error!(error = format!("{err:#}"), "outboxd cannot start");
+    ExitCode::from(err.exit_code())
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

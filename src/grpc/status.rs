@@ -23,7 +23,7 @@ impl From<Error> for Status {
                 tracing::warn!(error = %cause, "storage unavailable");
                 Status::unavailable("database unavailable; retry with backoff")
             }
-            Error::Store(err @ StoreError::Schema(_)) => {
+            Error::Store(err @ (StoreError::Schema(_) | StoreError::Refused(_))) => {
                 tracing::error!(error = %err, "outbox table is not usable");
                 Status::failed_precondition(err.to_string())
             }

@@ -3,6 +3,7 @@
 //! statement, so no transaction is ever held across a network call.
 
 mod adopt;
+mod connect;
 mod error;
 mod postgres;
 mod statements;
@@ -13,6 +14,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use adopt::AdoptMode;
+pub use connect::{ConnectError, ConnectSettings, connect};
 pub use error::StoreError;
 pub use postgres::PgStore;
 
