@@ -639,4 +639,69 @@ mod tests {
         assert_eq!(orders.policy.max_attempts, 3);
         assert!(orders.policy.retention.is_zero());
     }
+
+    #[test]
+    fn listen_addresses_take_ip_literals_and_host_names() {
+        for (given, shown) in [
+            ("0.0.0.0:50051", "0.0.0.0:50051"),
+            ("[::1]:9090", "[::1]:9090"),
+            ("localhost:0", "localhost:0"),
+            ("outboxd.default.svc:50051", "outboxd.default.svc:50051"),
+        ] {
+            let addr: ListenAddr = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(addr.to_string(), shown);
+        }
+        for bad in [
+            "localhost",
+            "localhost:http",
+            ":50051",
+            "a b:1",
+            "host:70000",
+            "[::1]",
+        ] {
+            assert!(bad.parse::<ListenAddr>().is_err(), "{bad} accepted");
+        }
+    }
+
+    fn sources(argv: &[&str], env: &[&str]) -> Sources {
+        let argv: Vec<std::ffi::OsString> = argv.iter().map(Into::into).collect();
+        Sources::read(&<Cli as clap::CommandFactory>::command(), &argv, |var| {
+            env.iter().any(|e| var == *e)
+        })
+    }
+
+    #[test]
+    fn an_error_names_the_variable_a_value_came_from() {
+        let from_env = sources(&["outboxd"], &["OUTBOXD_MAX_BATCH", "OUTBOXD_MIN_LEASE"]);
+        assert_eq!(
+            from_env.explain("--max-batch must be at least 1"),
+            "OUTBOXD_MAX_BATCH (--max-batch) must be at least 1"
+        );
+        assert_eq!(
+            from_env.explain("invalid value 'x' for '--max-batch <MAX_BATCH>': bad"),
+            "invalid value 'x' for 'OUTBOXD_MAX_BATCH (--max-batch)': bad"
+        );
+        assert_eq!(
+            from_env.explain("--min-lease must not exceed --max-lease"),
+            "OUTBOXD_MIN_LEASE (--min-lease) must not exceed --max-lease"
+        );
+        // A flag on the command line wins over the variable, and is named as typed.
+        for argv in [
+            &["outboxd", "--max-batch", "0"][..],
+            &["outboxd", "--max-batch=0"],
+        ] {
+            let typed = sources(argv, &["OUTBOXD_MAX_BATCH"]);
+            assert_eq!(
+                typed.explain("--max-batch must be at least 1"),
+                "--max-batch must be at least 1"
+            );
+        }
+        // `migrate`'s flags too.
+        let migrate = sources(&["outboxd", "migrate"], &["OUTBOXD_DB_MAX_CONNECTIONS"]);
+        assert!(
+            migrate
+                .explain("--db-max-connections must be at least 1")
+                .starts_with("OUTBOXD_DB_MAX_CONNECTIONS")
+        );
+    }
 }

@@ -345,6 +345,7 @@ async fn sample_gauges(
     let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
     let mut failing = false;
     let mut stretched = false;
+    let mut pacing = GaugePacing::default();
     loop {
         let began = Instant::now();
         for name in &names {
@@ -361,14 +362,14 @@ async fn sample_gauges(
             }
         }
         let took = began.elapsed();
-        let pause = gauge_pause(every, took);
+        let pause = pacing.next(every, took);
         if (pause > every) != stretched {
             stretched = pause > every;
             if stretched {
                 tracing::info!(
                     took_ms = took.as_millis(),
                     next_in_secs = pause.as_secs(),
-                    "gauge sampling is slow (a large backlog): sampling less often"
+                    "gauge samples are slow (a sample reads every pending row): sampling less often"
                 );
             } else {
                 tracing::info!("gauge sampling back to every --metrics-interval");
@@ -389,6 +390,22 @@ async fn sample_gauges(
 /// than the interval, which the log says once.
 fn gauge_pause(every: Duration, took: Duration) -> Duration {
     every.max(took.saturating_mul(GAUGE_DUTY))
+}
+
+/// Paces samples by the last two: one slow sample (the first, which opens a
+/// connection and plans its query, or a blip) does not stretch the pause;
+/// a backlog, which makes every sample slow, does.
+#[derive(Debug, Default)]
+struct GaugePacing {
+    previous: Duration,
+}
+
+impl GaugePacing {
+    fn next(&mut self, every: Duration, took: Duration) -> Duration {
+        let pause = gauge_pause(every, took.min(self.previous));
+        self.previous = took;
+        pause
+    }
 }
 
 /// The least pause after a sample, in samples' durations: 19 keeps sampling
@@ -451,5 +468,16 @@ mod tests {
             Duration::from_millis(66_500)
         );
         assert_eq!(gauge_pause(Duration::ZERO, Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn one_slow_sample_keeps_the_interval_and_two_in_a_row_stretch_it() {
+        let every = Duration::from_secs(5);
+        let slow = Duration::from_millis(3500);
+        let mut pacing = GaugePacing::default();
+        assert_eq!(pacing.next(every, slow), every, "the first sample");
+        assert_eq!(pacing.next(every, Duration::from_millis(10)), every);
+        assert_eq!(pacing.next(every, slow), every, "a blip");
+        assert_eq!(pacing.next(every, slow), Duration::from_millis(66_500));
     }
 }

@@ -240,7 +240,18 @@ async fn adopt_locked(
         for suffix in OBSOLETE_INDEXES {
             let name = table.object_name(suffix);
             if index_valid(conn, &quoted, &name).await?.is_some() {
-                tracing::info!(%table, index = %name, "adopting table: dropping obsolete index");
+                // The first migration still creates this index, so a fresh
+                // install drops it too; only an upgrade is worth a line.
+                let empty: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT NOT EXISTS (SELECT 1 FROM {quoted})"
+                )))
+                .fetch_one(&mut *conn)
+                .await?;
+                if empty {
+                    tracing::debug!(%table, index = %name, "dropping the first migration's index");
+                } else {
+                    tracing::info!(%table, index = %name, "upgrading the index layout: dropping the index it replaces");
+                }
                 let drop = format!(
                     "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
                     table.schema()

@@ -16,5 +16,6 @@ mod plans;
 mod relay;
 mod retention;
 mod shutdown;
+mod startup;
 mod stats;
 mod validation;

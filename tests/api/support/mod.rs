@@ -166,6 +166,11 @@ impl TestDb {
             .expect("the PostgreSQL host has an address")
     }
 
+    /// The test database's URL, straight to PostgreSQL.
+    pub fn url(&self) -> String {
+        self.url.to_string()
+    }
+
     /// The test database's URL with its host and port replaced by `addr`.
     pub fn url_via(&self, addr: SocketAddr) -> String {
         let mut url = self.url.clone();

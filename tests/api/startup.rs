@@ -1,0 +1,257 @@
+//! The outboxd binary at start: what a new user meets before the first RPC.
+//! Permanent database errors exit 69 with one line naming the database, the
+//! role and what to do; a port in use exits 64 before the database is touched;
+//! `migrate` never waits forever; a bad environment value names its variable.
+
+use std::{net::TcpListener, process::Output, time::Duration};
+
+use tokio::process::Command;
+use url::Url;
+
+use crate::support::{TestApp, TestDb, secs, within};
+
+/// Runs the real binary to completion (bounded) with the given arguments and
+/// extra environment; `OUTBOXD_*` and `DATABASE_URL` from the caller's
+/// environment are removed so only the test's settings apply.
+async fn outboxd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
+            command.env_remove(key);
+        }
+    }
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info")
+        .kill_on_drop(true);
+    within(secs(60), "outboxd exits by itself", command.output())
+        .await
+        .expect("run outboxd")
+}
+
+/// The log and error output together: start-up failures are logged (stdout),
+/// configuration errors printed before logging starts (stderr).
+fn said(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[track_caller]
+fn assert_exit(output: &Output, code: i32, says: &[&str]) {
+    let text = said(output);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "exit code; output:\n{text}"
+    );
+    for part in says {
+        assert!(text.contains(part), "the output says {part:?}:\n{text}");
+    }
+}
+
+/// `url` with its database replaced.
+fn with_database(url: &str, database: &str) -> String {
+    let mut url = Url::parse(url).expect("test URL");
+    url.set_path(database);
+    url.to_string()
+}
+
+/// `url` with its user replaced.
+fn with_user(url: &str, user: &str) -> String {
+    let mut url = Url::parse(url).expect("test URL");
+    url.set_username(user).expect("a postgres URL takes a user");
+    url.to_string()
+}
+
+/// A local port with nothing listening on it (bound, then released).
+fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+const LOCAL: [&str; 4] = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+
+#[tokio::test]
+async fn a_database_that_does_not_exist_exits_69_and_says_to_create_it() {
+    let db = TestDb::create().await;
+    let missing = format!("{}_missing", db.name);
+    let url = with_database(&db.url(), &missing);
+    let mut serve = vec!["--database-url", url.as_str()];
+    serve.extend(LOCAL);
+    let migrate = vec!["migrate", "--database-url", url.as_str()];
+    for args in [serve, migrate] {
+        let output = outboxd(&args, &[]).await;
+        assert_exit(
+            &output,
+            69,
+            &[&missing, "postgres", "3D000", "create the database"],
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_role_that_does_not_exist_exits_69_and_says_what_to_check() {
+    let db = TestDb::create().await;
+    let url = with_user(&db.url(), "outboxd_no_such_role");
+    let mut args = vec!["--database-url", &url];
+    args.extend(LOCAL);
+    let output = outboxd(&args, &[]).await;
+    assert_exit(
+        &output,
+        69,
+        &[
+            &db.name,
+            "outboxd_no_such_role",
+            "28000",
+            "check the user and password",
+        ],
+    );
+    // The server answered: no retry, so no "retrying" line before it.
+    assert!(!said(&output).contains("retrying"), "{}", said(&output));
+}
+
+#[tokio::test]
+async fn a_missing_schema_it_may_not_create_exits_69() {
+    let db = TestDb::create().await;
+    let url = db.url();
+    let mut args = vec![
+        "--database-url",
+        &url,
+        "--outbox",
+        "orders=no_such_schema.outbox",
+    ];
+    args.extend(LOCAL);
+    let output = outboxd(&args, &[]).await;
+    assert_exit(
+        &output,
+        69,
+        &[&db.name, "no_such_schema", "3F000", "CREATE SCHEMA"],
+    );
+}
+
+#[tokio::test]
+async fn a_missing_table_under_no_migrate_exits_69_and_says_to_migrate() {
+    let db = TestDb::create().await;
+    let url = db.url();
+    let mut args = vec!["--database-url", &url, "--no-migrate"];
+    args.extend(LOCAL);
+    let output = outboxd(&args, &[]).await;
+    assert_exit(&output, 69, &[&db.name, "public.outbox", "outboxd migrate"]);
+}
+
+#[tokio::test]
+async fn migrate_gives_up_on_an_unreachable_database_and_says_why() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let started = std::time::Instant::now();
+    let output = outboxd(
+        &[
+            "migrate",
+            "--database-url",
+            &url,
+            "--db-start-timeout",
+            "2s",
+        ],
+        &[],
+    )
+    .await;
+    assert_exit(
+        &output,
+        69,
+        &["connection refused", "still unreachable after 2s"],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "gave up in time"
+    );
+}
+
+#[tokio::test]
+async fn the_server_names_the_cause_while_the_database_is_unreachable() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let mut args = vec!["--database-url", &url, "--db-start-timeout", "2s"];
+    args.extend(LOCAL);
+    let output = outboxd(&args, &[]).await;
+    assert_exit(&output, 69, &["connection refused", "retrying"]);
+    assert!(
+        !said(&output).contains("pool timed out"),
+        "{}",
+        said(&output)
+    );
+}
+
+#[tokio::test]
+async fn a_port_in_use_exits_64_before_the_database_is_touched() {
+    let db = TestDb::create().await;
+    let taken = TcpListener::bind("127.0.0.1:0").expect("take a port");
+    let port = taken.local_addr().expect("addr").to_string();
+    let url = db.url();
+    let output = outboxd(
+        &[
+            "--database-url",
+            &url,
+            "--listen",
+            &port,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    assert_exit(&output, 64, &["--listen", &port, "already in use"]);
+    // Through the environment, for the metrics port.
+    let output = outboxd(
+        &["--database-url", &url, "--listen", "127.0.0.1:0"],
+        &[("OUTBOXD_METRICS_LISTEN", &port)],
+    )
+    .await;
+    assert_exit(&output, 64, &["OUTBOXD_METRICS_LISTEN", "already in use"]);
+    let tables = db
+        .scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        .await;
+    assert_eq!(tables, 0, "nothing migrated before the ports were checked");
+}
+
+#[tokio::test]
+async fn a_bad_environment_value_names_the_variable() {
+    let output = outboxd(
+        &["--database-url", "postgres://u@h/d"],
+        &[("OUTBOXD_MAX_BATCH", "0")],
+    )
+    .await;
+    assert_exit(&output, 64, &["OUTBOXD_MAX_BATCH", "at least 1"]);
+    let output = outboxd(
+        &["--database-url", "postgres://u@h/d"],
+        &[("OUTBOXD_POLL_INTERVAL", "soon")],
+    )
+    .await;
+    assert_exit(&output, 64, &["OUTBOXD_POLL_INTERVAL", "soon"]);
+    // The same mistake as a flag names the flag alone.
+    let output = outboxd(
+        &["--database-url", "postgres://u@h/d", "--max-batch", "0"],
+        &[],
+    )
+    .await;
+    assert_exit(&output, 64, &["--max-batch must be at least 1"]);
+    assert!(
+        !said(&output).contains("OUTBOXD_MAX_BATCH"),
+        "{}",
+        said(&output)
+    );
+}
+
+#[tokio::test]
+async fn a_host_name_is_accepted_as_listen_address() {
+    let app = TestApp::spawn_with(|args| {
+        args.set("--listen", "localhost:0")
+            .set("--metrics-listen", "localhost:0");
+    })
+    .await;
+    assert!(app.addr.ip().is_loopback(), "{}", app.addr);
+    app.insert(1).await;
+    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    assert_eq!(batch.messages.len(), 1);
+}
