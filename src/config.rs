@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::{
-    lease::{BackoffPolicy, Limits},
+    lease::{BackoffPolicy, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits},
     outbox::{OutboxArg, OutboxPolicy, OutboxSpec, parse_duration},
     store::ConnectSettings,
 };
@@ -348,6 +348,18 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: u32,
 
+    /// Byte budget of a claim's response (events' payload, headers and
+    /// fields): the batch is cut short to fit. Keep it under what clients
+    /// accept (gRPC's default is 4 MiB).
+    #[arg(long, env = "OUTBOXD_MAX_CLAIM_BYTES", default_value_t = DEFAULT_MAX_CLAIM_BYTES)]
+    pub max_claim_bytes: u64,
+
+    /// Largest event handed out at all: one over --max-claim-bytes goes out
+    /// alone; one over this is dead-lettered with its size in last_error.
+    /// Clients must accept responses this large.
+    #[arg(long, env = "OUTBOXD_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: u64,
+
     /// Lease when a claim does not ask for one.
     #[arg(long, env = "OUTBOXD_DEFAULT_LEASE", value_parser = parse_duration, default_value = "30s")]
     pub default_lease: Duration,
@@ -516,6 +528,12 @@ impl ServeArgs {
         if self.max_batch == 0 {
             return Err("--max-batch must be at least 1".into());
         }
+        if self.max_claim_bytes < 1024 {
+            return Err("--max-claim-bytes must be at least 1024".into());
+        }
+        if self.max_message_bytes < self.max_claim_bytes {
+            return Err("--max-message-bytes must be at least --max-claim-bytes".into());
+        }
         if self.min_lease.is_zero() || self.min_lease > self.max_lease {
             return Err("--min-lease must be positive and not exceed --max-lease".into());
         }
@@ -547,6 +565,8 @@ impl ServeArgs {
                 min_lease: self.min_lease,
                 max_lease: self.max_lease,
                 max_wait: self.max_wait,
+                max_claim_bytes: self.max_claim_bytes,
+                max_message_bytes: self.max_message_bytes,
                 ..Limits::default()
             },
             poll_interval: self.poll_interval,

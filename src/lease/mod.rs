@@ -13,6 +13,6 @@ pub use backoff::BackoffPolicy;
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, MAX_CARRIED_ACKS, NackRequest,
-    StatsRequest,
+    AckRequest, ClaimRequest, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, ExtendRequest,
+    FieldViolation, Limits, MAX_CARRIED_ACKS, NackRequest, StatsRequest,
 };

@@ -36,6 +36,12 @@ pub struct Limits {
     /// Long-poll waits beyond this are shortened to it, not refused.
     pub max_wait: Duration,
     pub max_retry_after: Duration,
+    /// A claim's response stays within this many bytes of events: below the
+    /// 4 MiB gRPC clients accept by default.
+    pub max_claim_bytes: u64,
+    /// An event larger than this is dead-lettered instead of handed out; one
+    /// larger than `max_claim_bytes` (and not this) goes out alone.
+    pub max_message_bytes: u64,
 }
 
 impl Default for Limits {
@@ -47,9 +53,20 @@ impl Default for Limits {
             max_lease: Duration::from_secs(15 * 60),
             max_wait: Duration::from_secs(20),
             max_retry_after: Duration::from_secs(7 * 24 * 3600),
+            max_claim_bytes: DEFAULT_MAX_CLAIM_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
+
+/// 3 MiB of events: with the response's framing, well under the 4 MiB that
+/// gRPC clients accept by default.
+pub const DEFAULT_MAX_CLAIM_BYTES: u64 = 3 * 1024 * 1024;
+
+/// 8 MiB: clients must raise their receive limit to take events this large
+/// (the reference relay and the Python worker do); larger events belong in
+/// object storage, with a reference in the event.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Longer Nack errors are cut here: it is a diagnostic, not a payload.
 pub const MAX_ERROR_CHARS: usize = 8 * 1024;
@@ -65,6 +82,9 @@ pub struct ClaimRequest {
     pub max_messages: u32,
     pub lease: Duration,
     pub wait: Duration,
+    /// The batch's byte budget and the largest event handed out (see [`Limits`]).
+    pub max_bytes: u64,
+    pub max_message_bytes: u64,
     /// Acks of earlier batches, applied before the claim (see [`AckRequest::parse_carried`]).
     pub acks: Vec<AckRequest>,
 }
@@ -206,6 +226,8 @@ impl ClaimRequest {
                 max_messages: max_messages?,
                 lease: lease?,
                 wait: wait?,
+                max_bytes: limits.max_claim_bytes,
+                max_message_bytes: limits.max_message_bytes,
                 acks: Vec::new(),
             })
         })

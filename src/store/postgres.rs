@@ -141,6 +141,8 @@ impl PgStore {
             .bind(req.lease)
             .bind(req.worker_id.as_str())
             .bind(max_attempts(&outbox.spec))
+            .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
+            .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
             .fetch_all(&mut *conn)
             .await?;
         drop(conn);

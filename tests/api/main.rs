@@ -7,6 +7,7 @@ mod ack;
 mod adoption;
 mod availability;
 mod claim;
+mod claim_bytes;
 mod extend;
 mod long_poll;
 mod nack;
