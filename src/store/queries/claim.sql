@@ -12,8 +12,9 @@
 WITH expired AS (
     SELECT id,
            0 AS part, locked_until AS after, seq,
-           octet_length(payload::text) + octet_length(headers::text)
-               + octet_length(event_type) + octet_length(aggregate_id::text) AS bytes,
+           payload::text AS payload_text,
+           octet_length(headers::text) + octet_length(event_type)
+               + octet_length(aggregate_id::text) AS other_bytes,
            lease_id   AS prev_lease_id,
            claimed_by AS prev_claimed_by,
            claimed_at AS prev_claimed_at,
@@ -31,8 +32,9 @@ WITH expired AS (
 fresh AS (
     SELECT id,
            1 AS part, NULL::timestamptz AS after, seq,
-           octet_length(payload::text) + octet_length(headers::text)
-               + octet_length(event_type) + octet_length(aggregate_id::text) AS bytes,
+           payload::text AS payload_text,
+           octet_length(headers::text) + octet_length(event_type)
+               + octet_length(aggregate_id::text) AS other_bytes,
            lease_id   AS prev_lease_id,
            claimed_by AS prev_claimed_by,
            claimed_at AS prev_claimed_at,
@@ -58,9 +60,14 @@ candidates AS (
 ),
 -- The batch is cut to its byte budget, in the order it was read: a prefix whose
 -- sizes sum to at most $6, or the first event alone when it is larger (up to
--- $7), so one big event never makes a response clients refuse. An event over
+-- $7), so one big event never makes a response clients refuse. The payload is
+-- turned into text once, here, and returned as measured. An event over
 -- $7 is dead-lettered on sight and takes no other event with it. (Windows
 -- cannot share a SELECT with FOR UPDATE, hence this extra step.)
+measured AS (
+    SELECT c.*, octet_length(c.payload_text) + c.other_bytes AS bytes
+    FROM candidates AS c
+),
 sized AS (
     SELECT c.*,
            c.bytes > $7 AS oversized,
@@ -68,7 +75,7 @@ sized AS (
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS running,
            count(*) FILTER (WHERE c.bytes <= $7)
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS fitting
-    FROM candidates AS c
+    FROM measured AS c
 ),
 chosen AS (
     SELECT * FROM sized
@@ -91,7 +98,7 @@ WHERE o.id = c.id
 RETURNING o.id,
           o.aggregate_id::text AS aggregate_id,
           o.event_type,
-          o.payload::text AS payload,
+          c.payload_text AS payload,
           o.headers,
           o.created_at,
           o.attempts,
