@@ -279,6 +279,13 @@ pub struct DatabaseArgs {
     #[arg(long, env = "OUTBOXD_DB_START_TIMEOUT", value_parser = parse_duration)]
     pub db_start_timeout: Option<Duration>,
 
+    /// Longest any of outboxd's statements (and any lock wait in one) may run
+    /// before it is cancelled and the RPC answered UNAVAILABLE; a client's
+    /// shorter gRPC deadline ends it sooner. Migrations and table adoption
+    /// are not bounded by it; long-poll waits are not statements.
+    #[arg(long, env = "OUTBOXD_STATEMENT_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
+    pub statement_timeout: Duration,
+
     /// An outbox: NAME=SCHEMA.TABLE[:key=value...]. Repeatable; options are
     /// max_attempts, retention, backoff_base, backoff_factor, backoff_max.
     /// Default: default=public.outbox.
@@ -415,6 +422,7 @@ pub struct DatabaseConfig {
     pub acquire_timeout: Duration,
     /// As given; `None` takes the command's default.
     pub start_timeout: Option<Duration>,
+    pub statement_timeout: Duration,
     pub outboxes: Vec<OutboxSpec>,
 }
 
@@ -428,6 +436,7 @@ impl DatabaseConfig {
             max_connections: self.max_connections,
             acquire_timeout: self.acquire_timeout,
             give_up_after: self.start_timeout.or(default_wait).filter(|d| !d.is_zero()),
+            statement_timeout: self.statement_timeout,
         }
     }
 }
@@ -466,6 +475,9 @@ impl DatabaseArgs {
             .application_name("outboxd");
         if self.db_acquire_timeout.is_zero() {
             return Err("--db-acquire-timeout must be positive".into());
+        }
+        if self.statement_timeout < Duration::from_millis(100) {
+            return Err("--statement-timeout must be at least 100ms".into());
         }
         if self.db_max_connections == 0 {
             return Err("--db-max-connections must be at least 1".into());
@@ -517,6 +529,7 @@ impl DatabaseArgs {
             max_connections: self.db_max_connections,
             acquire_timeout: self.db_acquire_timeout,
             start_timeout: self.db_start_timeout,
+            statement_timeout: self.statement_timeout,
             outboxes,
         })
     }

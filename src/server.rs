@@ -4,7 +4,11 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use sqlx::{PgPool, migrate::Migrator, postgres::PgListener};
+use sqlx::{
+    PgPool,
+    migrate::Migrator,
+    postgres::{PgListener, PgPoolOptions},
+};
 use tokio::{net::TcpListener, task::JoinHandle, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -86,7 +90,18 @@ fn start_store_error(db: &DatabaseConfig, what: &str, err: StoreError) -> StartE
 }
 
 async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartError> {
-    match MIGRATOR.run(pool).await {
+    // A replica waits here while another migrates (sqlx's advisory lock), and
+    // a migration may build an index: neither is bounded by the statement
+    // timeout, so migrations get a connection of their own without it.
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("statement_timeout", "0"), ("lock_timeout", "0")]);
+    let ddl = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options);
+    let result = MIGRATOR.run(&ddl).await;
+    ddl.close().await;
+    match result {
         Ok(()) => Ok(()),
         Err(sqlx::migrate::MigrateError::Execute(err)) => Err(start_store_error(
             db,

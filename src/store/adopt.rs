@@ -90,6 +90,13 @@ pub(crate) async fn adopt(
     mode: AdoptMode,
 ) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
+    // DDL on a large table (an index built concurrently, a rewrite adding
+    // `seq`) runs longer than any RPC's statement: no statement timeout here,
+    // and the connection is closed afterwards rather than pooled without one.
+    conn.close_on_drop();
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
     if mode == AdoptMode::Create {
         lock_adoption(&mut conn).await?;
     }

@@ -25,6 +25,8 @@ pub struct ConnectSettings {
     pub acquire_timeout: Duration,
     /// How long to keep retrying an unreachable database; `None` is forever.
     pub give_up_after: Option<Duration>,
+    /// Bounds every statement of outboxd's sessions, and each lock wait.
+    pub statement_timeout: Duration,
 }
 
 /// Why start-up could not get a pool.
@@ -65,14 +67,16 @@ pub async fn connect(
     settings: &ConnectSettings,
     cancel: &CancellationToken,
 ) -> Result<PgPool, ConnectError> {
-    let options = session_options(&settings.options);
+    let options = session_options(&settings.options, settings.statement_timeout, 0);
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
     let mut last_cause: Option<String> = None;
+    let version: u32;
     loop {
         let attempt = tokio::time::timeout(settings.acquire_timeout, options.connect()).await;
         let failure = match attempt {
             Ok(Ok(conn)) => {
+                version = conn.server_version_num().unwrap_or(0);
                 let _ = sqlx::Connection::close(conn).await;
                 if last_cause.is_some() {
                     tracing::info!(database = %settings.display_url, "database reachable again");
@@ -132,7 +136,11 @@ pub async fn connect(
         // A broken connection fails one statement with UNAVAILABLE and is
         // dropped; pinging before every statement would double round trips.
         .test_before_acquire(false)
-        .connect_lazy_with(options))
+        .connect_lazy_with(session_options(
+            &settings.options,
+            settings.statement_timeout,
+            version,
+        )))
 }
 
 /// outboxd's session settings, sent as connection options.
@@ -149,10 +157,28 @@ pub async fn connect(
 /// kept until autovacuum re-analyzes the table, and as history grows each
 /// claim and ack would read the whole table (20–30 ms at 20 000 rows,
 /// measured).
-fn session_options(options: &PgConnectOptions) -> PgConnectOptions {
-    options
-        .clone()
-        .options([("synchronous_commit", "off"), ("enable_seqscan", "off")])
+///
+/// `statement_timeout` and `lock_timeout`: a stalled or locked database
+/// answers an RPC with UNAVAILABLE within the limit instead of holding it as
+/// long as the stall lasts. `client_connection_check_interval` (PostgreSQL 14
+/// and later; `server_version` 0 leaves it out) ends a statement soon after
+/// outboxd closes its connection because the caller gave up.
+fn session_options(
+    options: &PgConnectOptions,
+    statement_timeout: Duration,
+    server_version: u32,
+) -> PgConnectOptions {
+    let timeout = statement_timeout.as_millis().max(1).to_string();
+    let mut settings = vec![
+        ("synchronous_commit", "off".to_owned()),
+        ("enable_seqscan", "off".to_owned()),
+        ("statement_timeout", timeout.clone()),
+        ("lock_timeout", timeout),
+    ];
+    if server_version >= 140_000 {
+        settings.push(("client_connection_check_interval", "1000".to_owned()));
+    }
+    options.clone().options(settings)
 }
 
 fn classify(err: &sqlx::Error) -> Attempt {

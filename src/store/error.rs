@@ -43,7 +43,8 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// SQLSTATEs after which the same statement may succeed later: lost or refused
-/// connections (class 08), shutdown and recovery (57P0x), lack of resources
+/// connections (class 08), shutdown and recovery (57P0x), a statement or lock
+/// wait that ran past its timeout (57014, 55P03), lack of resources
 /// (class 53), serialization failures and deadlocks (40001, 40P01), and a read-only
 /// standby or a failover in progress (25006).
 pub(crate) fn is_transient(code: &str) -> bool {
@@ -51,7 +52,7 @@ pub(crate) fn is_transient(code: &str) -> bool {
         || code.starts_with("53")
         || matches!(
             code,
-            "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "25006" | "55P03"
+            "57P01" | "57P02" | "57P03" | "57014" | "40001" | "40P01" | "25006" | "55P03"
         )
 }
 

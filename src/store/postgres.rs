@@ -8,7 +8,7 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use sqlx::{
-    AssertSqlSafe, PgPool, Postgres, Row,
+    AssertSqlSafe, PgConnection, PgPool, Postgres, Row,
     pool::PoolConnection,
     postgres::{PgRow, types::Oid},
 };
@@ -116,18 +116,22 @@ impl PgStore {
     /// profiles. With `test_before_acquire` off, the two paths hand out the same
     /// connection; `try_acquire` never jumps the queue, since released permits
     /// go to waiters first. Only when none is idle does the call wait in line.
-    async fn conn(&self) -> Result<PoolConnection<Postgres>, StoreError> {
-        if let Some(conn) = self.pool.try_acquire() {
-            return Ok(conn);
-        }
-        Ok(Box::pin(self.pool.acquire()).await?)
+    async fn conn(&self) -> Result<StatementConn, StoreError> {
+        let conn = match self.pool.try_acquire() {
+            Some(conn) => conn,
+            None => Box::pin(self.pool.acquire()).await?,
+        };
+        Ok(StatementConn {
+            conn,
+            finished: false,
+        })
     }
 
     /// Answers when the database does: the health check.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(&mut *self.conn().await?)
-            .await?;
+        let mut conn = self.conn().await?;
+        sqlx::query("SELECT 1").execute(&mut *conn).await?;
+        conn.finish();
         Ok(())
     }
 
@@ -145,7 +149,7 @@ impl PgStore {
             .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
             .fetch_all(&mut *conn)
             .await?;
-        drop(conn);
+        conn.finish();
 
         let mut batch = ClaimedBatch {
             lease_id,
@@ -217,7 +221,7 @@ impl PgStore {
                     .await?,
             );
         }
-        drop(conn);
+        conn.finish();
         settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
     }
 
@@ -227,6 +231,7 @@ impl PgStore {
         let schedule = policy
             .backoff
             .schedule(policy.max_attempts, &mut rand::rng());
+        let mut conn = self.conn().await?;
         let rows = sqlx::query(AssertSqlSafe(outbox.sql.nack.clone()))
             .bind(req.lease_id.as_uuid())
             .bind(uuids(&req.message_ids))
@@ -235,8 +240,9 @@ impl PgStore {
             .bind(schedule)
             .bind(req.dead_letter)
             .bind(max_attempts(&outbox.spec))
-            .fetch_all(&mut *self.conn().await?)
+            .fetch_all(&mut *conn)
             .await?;
+        conn.finish();
         settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
     }
 
@@ -247,12 +253,14 @@ impl PgStore {
         } else {
             &outbox.sql.extend
         };
+        let mut conn = self.conn().await?;
         let rows = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(req.lease_id.as_uuid())
             .bind(uuids(&req.message_ids))
             .bind(req.lease)
-            .fetch_all(&mut *self.conn().await?)
+            .fetch_all(&mut *conn)
             .await?;
+        conn.finish();
         let mut settled = if req.message_ids.is_empty() {
             let held: Vec<MessageId> = rows
                 .iter()
@@ -273,18 +281,29 @@ impl PgStore {
 
     pub async fn stats(&self, outbox: &str) -> Result<Stats, StoreError> {
         let outbox = self.outbox(outbox)?;
+        let mut conn = self.conn().await?;
         let row = sqlx::query(AssertSqlSafe(outbox.sql.stats.clone()))
-            .fetch_one(&mut *self.conn().await?)
+            .fetch_one(&mut *conn)
             .await?;
+        conn.finish();
         stats_of(&row)
     }
 
     /// The gauges of an outbox: `stats` without counting retained history.
     pub async fn gauges(&self, outbox: &str) -> Result<Stats, StoreError> {
         let outbox = self.outbox(outbox)?;
-        let row = sqlx::query(AssertSqlSafe(outbox.sql.gauges.clone()))
-            .fetch_one(&mut *self.conn().await?)
+        let mut conn = self.conn().await?;
+        // A sample reads every pending row: under a backlog of millions it
+        // outlasts an RPC's statement timeout, and it is no RPC.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query("SET LOCAL statement_timeout = '60s'")
+            .execute(&mut *tx)
             .await?;
+        let row = sqlx::query(AssertSqlSafe(outbox.sql.gauges.clone()))
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        conn.finish();
         stats_of(&row)
     }
 
@@ -299,21 +318,26 @@ impl PgStore {
         let Some(sequence) = self.outbox(outbox)?.sequence else {
             return Ok(0);
         };
-        Ok(sqlx::query_scalar(PROBE)
+        let mut conn = self.conn().await?;
+        let value = sqlx::query_scalar(PROBE)
             .bind(sequence)
-            .fetch_one(&mut *self.conn().await?)
-            .await?)
+            .fetch_one(&mut *conn)
+            .await?;
+        conn.finish();
+        Ok(value)
     }
 
     /// Asks the table's trigger not to NOTIFY for `period`, while this server
     /// probes the sequence itself.
     pub async fn mark_quiet(&self, outbox: &str, period: Duration) -> Result<(), StoreError> {
         let outbox = self.outbox(outbox)?;
+        let mut conn = self.conn().await?;
         sqlx::query(MARK_QUIET)
             .bind(outbox.relid)
             .bind(period.as_secs_f64())
-            .execute(&mut *self.conn().await?)
+            .execute(&mut *conn)
             .await?;
+        conn.finish();
         Ok(())
     }
 
@@ -321,12 +345,54 @@ impl PgStore {
     /// Returns how many went, so the caller keeps going while batches come back full.
     pub async fn purge_published(&self, outbox: &str, limit: i64) -> Result<u64, StoreError> {
         let outbox = self.outbox(outbox)?;
+        let mut conn = self.conn().await?;
         let done = sqlx::query(AssertSqlSafe(outbox.sql.purge.clone()))
             .bind(outbox.spec.policy.retention)
             .bind(limit)
-            .execute(&mut *self.conn().await?)
+            .execute(&mut *conn)
             .await?;
+        conn.finish();
         Ok(done.rows_affected())
+    }
+}
+
+/// A pooled connection for one call's statements. Unless `finish` is called
+/// after them, dropping it closes the connection instead of returning it to
+/// the pool: when a caller stops waiting mid-statement (its RPC was cancelled
+/// or passed its deadline), PostgreSQL then ends the statement at its next
+/// client check (`client_connection_check_interval`) rather than running it
+/// out, and no later call waits behind it. A statement that failed closes its
+/// connection too, which costs a reconnect and nothing else.
+struct StatementConn {
+    conn: PoolConnection<Postgres>,
+    finished: bool,
+}
+
+impl StatementConn {
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl std::ops::Deref for StatementConn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for StatementConn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for StatementConn {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.close_on_drop();
+        }
     }
 }
 

@@ -19,4 +19,5 @@ mod retention;
 mod shutdown;
 mod startup;
 mod stats;
+mod timeouts;
 mod validation;
