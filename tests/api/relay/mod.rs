@@ -1,32 +1,91 @@
 //! outbox-relay end to end: real outboxd, real RabbitMQ, the real relay binary.
 //!
-//! These tests run one at a time (they share the broker, and one of them closes
-//! every connection on it), each with its own database, exchange and queue.
-//! They print what they measured (duplicates), so `--nocapture` shows it.
+//! The tests that use the broker run one at a time (they share it), each with
+//! its own database, exchange and queue; the one that takes the broker away
+//! cuts only the relay's connection, through a proxy of its own, and checks
+//! that another client's connection survives. They print what they measured
+//! (duplicates), so `--nocapture` shows it.
 #![allow(clippy::print_stdout)]
 
 mod rabbit;
 
-use std::{collections::HashMap, process::Stdio, time::Duration};
+use std::{
+    collections::HashMap,
+    process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex as StdMutex, PoisonError},
+    time::Duration,
+};
 
-use rabbit::{AMQP_URL, Rabbit, Received};
+use rabbit::{AMQP_URL, Bystander, Rabbit, Received};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
     process::{Child, Command},
     sync::Mutex,
+    task::JoinHandle,
 };
 use uuid::Uuid;
 
-use crate::support::{TestApp, secs, wait_until};
+use crate::support::{Proxy, TestApp, secs, wait_until};
 
-/// Relay tests take the broker in turns.
+/// Relay tests that use the broker take it in turns.
 static BROKER: Mutex<()> = Mutex::const_new(());
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// The relay binary as a child process, killed if the test drops it.
-struct Relay(Child);
+/// The relay binary as a child process, killed if the test drops it, with
+/// what it writes (log lines go to stdout, start-up errors to stderr)
+/// collected as it comes, so the pipes never fill up.
+struct Relay {
+    child: Child,
+    output: Arc<StdMutex<Vec<String>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// The relay's command line with the test defaults, to add flags to.
+fn relay_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.args(["--wait", "1s", "--drain-timeout", "10s"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A line as written, without the terminal colours of text logs.
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, then a final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn collect(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    into: Arc<StdMutex<Vec<String>>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            into.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(plain(&line));
+        }
+    })
+}
 
 impl Relay {
     fn start(app: &TestApp, rabbit: &Rabbit, extra: &[&str]) -> Self {
@@ -39,51 +98,107 @@ impl Relay {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["--server", &format!("http://{}", app.addr)])
-            .args([
-                "--amqp-url",
-                AMQP_URL,
-                "--exchange",
-                &rabbit.exchange,
-                "--no-declare",
-            ])
-            .args([
-                "--wait",
-                "1s",
-                "--drain-timeout",
-                "10s",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn outbox-relay");
-        Self(child)
+        Self::start_via(app, rabbit, AMQP_URL, extra, env)
+    }
+
+    /// A relay for `app` publishing over `amqp_url` to `rabbit`'s exchange
+    /// with `--no-declare`, unless `extra` names an `--exchange` (which the
+    /// relay then declares), and with metrics on a free port unless `extra`
+    /// sets `--metrics-listen`.
+    fn start_via(
+        app: &TestApp,
+        rabbit: &Rabbit,
+        amqp_url: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &format!("http://{}", app.addr)])
+            .args(["--amqp-url", amqp_url]);
+        if !extra.contains(&"--exchange") {
+            cmd.args(["--exchange", &rabbit.exchange, "--no-declare"]);
+        }
+        if !extra.contains(&"--metrics-listen") {
+            cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
+        cmd.args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.spawn().expect("spawn outbox-relay");
+        let output = Arc::new(StdMutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("the relay's stdout is piped");
+        let stderr = child.stderr.take().expect("the relay's stderr is piped");
+        let readers = vec![
+            collect(stdout, Arc::clone(&output)),
+            collect(stderr, Arc::clone(&output)),
+        ];
+        Self {
+            child,
+            output,
+            readers,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("the relay is running")
+    }
+
+    /// What the relay wrote so far, line by line.
+    fn lines(&self) -> Vec<String> {
+        self.output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits until the relay has written a line that `matches`, and returns it.
+    async fn line(&self, limit: Duration, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        wait_until(limit, what, async || {
+            self.lines().iter().any(|l| matches(l))
+        })
+        .await;
+        self.lines()
+            .into_iter()
+            .find(|l| matches(l))
+            .unwrap_or_default()
     }
 
     /// SIGKILL: no chance to ack what it published.
     async fn kill9(mut self) {
-        self.0.kill().await.expect("kill -9 the relay");
+        self.child.kill().await.expect("kill -9 the relay");
     }
 
     /// SIGTERM, then the exit status.
-    async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.0.id().expect("the relay is running");
+    async fn terminate(self) -> ExitStatus {
+        self.terminate_with_output().await.0
+    }
+
+    /// SIGTERM, then the exit status and everything the relay wrote.
+    async fn terminate_with_output(self) -> (ExitStatus, Vec<String>) {
         let sent = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args(["-TERM", &self.pid().to_string()])
             .status()
             .await
             .expect("run kill");
         assert!(sent.success(), "SIGTERM delivered");
-        tokio::time::timeout(secs(30), self.0.wait())
+        self.exit_within(secs(30)).await
+    }
+
+    /// The exit status once the relay exits by itself, within `limit`, and
+    /// everything it wrote.
+    async fn exit_within(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
+        let status = tokio::time::timeout(limit, self.child.wait())
             .await
-            .expect("the relay exits within its drain timeout")
-            .expect("wait for the relay")
+            .unwrap_or_else(|_| panic!("the relay did not exit within {limit:?}"))
+            .expect("wait for the relay");
+        // The pipes close with the process: the readers end with them.
+        for reader in self.readers.drain(..) {
+            let _ = reader.await;
+        }
+        (status, self.lines())
     }
 }
 
@@ -361,28 +476,44 @@ async fn the_relay_recovers_when_the_broker_drops_its_connections() {
     let _turn = BROKER.lock().await;
     let app = TestApp::spawn().await;
     let rabbit = Rabbit::bound("#").await;
-    let relay = Relay::start(&app, &rabbit, &[]);
+    // The relay reaches the broker through a proxy of this test's own: cutting
+    // it drops the relay's connection and nobody else's.
+    let proxy = Proxy::start(rabbit::broker_addr()).await;
+    let bystander = Bystander::connect().await;
+    let relay = Relay::start_via(
+        &app,
+        &rabbit,
+        &rabbit::url_via(proxy.addr()),
+        &[],
+        &[("RUST_LOG", "info".into())],
+    );
     let (mut committed, _) = produce(app.pool(), 2, 10, 100, 0).await;
     wait_until(secs(60), "the relay publishes", async || {
         published(app.pool()).await > 0
     })
     .await;
 
-    let closed = Command::new("rabbitmqctl")
-        .args(["close_all_connections", "outboxd relay test"])
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .expect("run rabbitmqctl");
-    assert!(closed.success(), "rabbitmqctl close_all_connections");
-
+    proxy.cut();
+    relay
+        .line(secs(30), "the relay reports the broker gone", |l| {
+            l.contains("WARN") && l.contains("RabbitMQ unavailable")
+        })
+        .await;
     // Work that can only be published over a new connection.
     let (more, _) = produce(app.pool(), 2, 10, 100, 0).await;
     committed.extend(more);
+    proxy.restore();
     wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
-    assert!(relay.terminate().await.success());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success());
+    let connected = lines
+        .iter()
+        .filter(|l| l.contains("RabbitMQ connected"))
+        .count();
+    assert_eq!(connected, 2, "connected, lost, connected again: {lines:#?}");
     let counts = tally(&rabbit.drain().await);
     assert_all_arrived(&committed, &counts);
+    bystander.assert_untouched(rabbit.queue()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
