@@ -1,10 +1,13 @@
 //! The relay's flags, each with an env var, validated before anything connects.
 
-use std::time::Duration;
+use std::{str::FromStr, time::Duration};
 
 use clap::Parser;
 
-use crate::{config::LogArgs, outbox::parse_duration};
+use crate::{
+    config::{ListenAddr, LogArgs},
+    outbox::parse_duration,
+};
 
 /// outbox-relay: claims from outboxd, publishes to RabbitMQ with confirms, acks.
 #[derive(Debug, Parser)]
@@ -93,16 +96,37 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub drain_timeout: Duration,
 
-    /// Prometheus metrics address (`GET /metrics`).
+    /// Prometheus metrics address (`GET /metrics`), HOST:PORT, or `off` to bind
+    /// nothing. Not outboxd's 9090, so both start side by side with defaults.
     #[arg(
         long,
         env = "OUTBOX_RELAY_METRICS_LISTEN",
-        default_value = "0.0.0.0:9090"
+        default_value = "0.0.0.0:9091",
+        value_name = "HOST:PORT|off"
     )]
-    pub metrics_listen: std::net::SocketAddr,
+    pub metrics_listen: MetricsListen,
 
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// Where the metrics endpoint listens, if anywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsListen {
+    Off,
+    At(ListenAddr),
+}
+
+impl FromStr for MetricsListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "off" {
+            Ok(Self::Off)
+        } else {
+            s.parse().map(Self::At)
+        }
+    }
 }
 
 /// A parsed routing-key template.
@@ -177,7 +201,7 @@ pub struct RelayConfig {
     pub confirm_timeout: Duration,
     pub wait: Duration,
     pub drain_timeout: Duration,
-    pub metrics_listen: std::net::SocketAddr,
+    pub metrics_listen: MetricsListen,
 }
 
 impl RelayArgs {
@@ -236,7 +260,7 @@ impl RelayArgs {
             confirm_timeout: self.confirm_timeout,
             wait: self.wait,
             drain_timeout: self.drain_timeout,
-            metrics_listen: self.metrics_listen,
+            metrics_listen: self.metrics_listen.clone(),
         })
     }
 }
@@ -286,6 +310,11 @@ mod tests {
         assert_eq!(config.concurrency, 4);
         assert!(config.claim_ahead);
         assert!(config.ack_with_claim);
+        assert_eq!(
+            config.metrics_listen,
+            MetricsListen::At(ListenAddr::new("0.0.0.0", 9091)),
+            "not outboxd's 9090"
+        );
         let off = RelayArgs::try_parse_from([
             "outbox-relay",
             "--claim-ahead",
@@ -303,6 +332,33 @@ mod tests {
                 .worker_id
                 .ends_with(&format!("-{}", std::process::id()))
         );
+    }
+
+    fn relay(args: &[&str]) -> Result<RelayConfig, String> {
+        let argv = std::iter::once("outbox-relay").chain(args.iter().copied());
+        RelayArgs::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .validate()
+    }
+
+    #[test]
+    fn the_metrics_listener_can_be_off_or_on_a_host_name() {
+        let off = relay(&["--metrics-listen", "off"]).expect("valid");
+        assert_eq!(off.metrics_listen, MetricsListen::Off);
+        let named = relay(&["--metrics-listen", "localhost:9191"]).expect("valid");
+        assert_eq!(
+            named.metrics_listen,
+            MetricsListen::At(ListenAddr::new("localhost", 9191))
+        );
+        let v6 = relay(&["--metrics-listen", "[::1]:9191"]).expect("valid");
+        assert_eq!(
+            v6.metrics_listen,
+            MetricsListen::At(ListenAddr::new("::1", 9191))
+        );
+        for bad in ["9091", "Off", "localhost", "host:99999", "bad host:1"] {
+            let err = relay(&["--metrics-listen", bad]).expect_err(bad);
+            assert!(err.contains("--metrics-listen"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -429,7 +429,7 @@ def test_all_options(render):
     assert relay_env["OUTBOX_RELAY_CLAIM_AHEAD"] == "false"
     assert relay_env["OUTBOX_RELAY_ACK_WITH_CLAIM"] == "false"
     assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
-    assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9090"
+    assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9091"
 
 
 @pytest.mark.parametrize("values, reason", [

@@ -10,7 +10,7 @@
 mod rabbit;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     process::{ExitStatus, Stdio},
     sync::{Arc, Mutex as StdMutex, PoisonError},
     time::Duration,
@@ -200,6 +200,48 @@ impl Relay {
         }
         (status, self.lines())
     }
+}
+
+/// The TCP ports process `pid` listens on (Linux: its socket inodes in
+/// /proc/PID/fd matched against the LISTEN rows of /proc/PID/net/tcp{,6}).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("read the process's file descriptors")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(rows) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for row in rows.lines().skip(1) {
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, inode is field 9.
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if inodes.contains(*inode)
+                && let Some(port) = local
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+            {
+                ports.push(port);
+            }
+        }
+    }
+    ports
 }
 
 /// Producer transactions from concurrent tasks; every `rollback_every`-th
@@ -669,5 +711,73 @@ async fn the_published_message_carries_the_producers_trace() {
             "no outboxd span continues the relay's Ack"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_metrics_off_the_relay_relays_and_listens_on_no_port() {
+    let _turn = BROKER.lock().await;
+    // The check below sees a listener where there is one.
+    let own = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener of the test's own");
+    let own_port = own.local_addr().expect("its address").port();
+    assert!(listening_ports(std::process::id()).contains(&own_port));
+
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let relay = Relay::start(&app, &rabbit, &["--metrics-listen", "off"]);
+    app.insert(3).await;
+    wait_all_delivered(&app, &rabbit, 3, secs(60)).await;
+    assert_eq!(listening_ports(relay.pid()), Vec::<u16>::new());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_metrics_port_exits_64_naming_the_flag_before_connecting_anywhere() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("take a port");
+    let taken = taken.local_addr().expect("its address");
+    // Stand-ins for outboxd and RabbitMQ that record any connection attempt.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("a stand-in outboxd");
+    let broker = std::net::TcpListener::bind("127.0.0.1:0").expect("a stand-in broker");
+    let server_url = format!("http://{}", server.local_addr().expect("address"));
+    let broker_url = rabbit::url_via(broker.local_addr().expect("address"));
+
+    let by_flag = {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &server_url, "--amqp-url", &broker_url])
+            .args(["--metrics-listen", &taken.to_string()]);
+        Relay::spawn(cmd)
+    };
+    let (status, lines) = by_flag.exit_within(secs(10)).await;
+    assert_eq!(status.code(), Some(64), "{lines:#?}");
+    assert_eq!(lines.len(), 1, "one line: {lines:#?}");
+    assert!(
+        lines[0].contains(&format!("--metrics-listen {taken}"))
+            && lines[0].contains("already in use"),
+        "{}",
+        lines[0]
+    );
+
+    let by_env = {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &server_url, "--amqp-url", &broker_url])
+            .env("OUTBOX_RELAY_METRICS_LISTEN", taken.to_string());
+        Relay::spawn(cmd)
+    };
+    let (status, lines) = by_env.exit_within(secs(10)).await;
+    assert_eq!(status.code(), Some(64), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("OUTBOX_RELAY_METRICS_LISTEN (--metrics-listen)")),
+        "the variable is named: {lines:#?}"
+    );
+
+    for (what, listener) in [("outboxd", &server), ("RabbitMQ", &broker)] {
+        listener.set_nonblocking(true).expect("non-blocking accept");
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the relay connected to {what} before it found its port taken"
+        );
     }
 }
