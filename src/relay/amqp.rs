@@ -1,11 +1,10 @@
 //! RabbitMQ with lapin: one shared connection per process, one confirm-mode
-//! channel per in-flight slot, reconnected on demand after any failure.
+//! channel per in-flight slot, reconnected on demand after any failure. The
+//! slots' first `ready()` connects at start, so a broker that is down shows in
+//! the log at once, not at the first batch.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex as StdMutex, PoisonError},
     time::Duration,
 };
 
@@ -50,7 +49,47 @@ pub struct Broker {
     metrics: RelayMetrics,
     connection: Mutex<Option<Arc<Connection>>>,
     /// Last reported state, so each change is logged once, not each retry.
-    up: AtomicBool,
+    link: StdMutex<Link>,
+}
+
+/// The broker as the relay last reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    Untried,
+    Connecting,
+    /// A slot has a channel ready to publish on.
+    Up,
+    /// Connecting or opening a channel failed, for this reason.
+    Down(String),
+}
+
+/// A state change worth a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Connecting,
+    Connected,
+    Unavailable,
+    /// Still down, for another reason than the one last logged.
+    StillUnavailable,
+}
+
+impl Link {
+    /// The state after `to`, and the line it is worth. `Connecting` counts only
+    /// as the first attempt: later attempts show as a change of reason or as
+    /// connected.
+    fn next(&self, to: Link) -> (Link, Option<Change>) {
+        let change = match (self, &to) {
+            (Link::Untried, Link::Connecting) => Some(Change::Connecting),
+            (_, Link::Connecting) => return (self.clone(), None),
+            (Link::Down(was), Link::Down(now)) if was == now => None,
+            (Link::Down(_), Link::Down(_)) => Some(Change::StillUnavailable),
+            (_, Link::Down(_)) => Some(Change::Unavailable),
+            (Link::Up, Link::Up) => None,
+            (_, Link::Up) => Some(Change::Connected),
+            (_, Link::Untried) => None,
+        };
+        (to, change)
+    }
 }
 
 impl Broker {
@@ -65,7 +104,7 @@ impl Broker {
             spans: telemetry::message_spans(),
             metrics,
             connection: Mutex::new(None),
-            up: AtomicBool::new(false),
+            link: StdMutex::new(Link::Untried),
         })
     }
 
@@ -83,22 +122,18 @@ impl Broker {
             return Ok(Arc::clone(conn));
         }
         if slot.take().is_some() {
-            self.report(false, "connection lost");
+            self.report(Link::Down("connection lost".into()));
         }
+        self.report(Link::Connecting);
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.as_str().into());
         match Connection::connect(&self.url, properties).await {
             Ok(conn) => {
                 let conn = Arc::new(conn);
                 *slot = Some(Arc::clone(&conn));
-                self.report(true, "connected");
                 Ok(conn)
             }
-            Err(err) => {
-                let reason = err.to_string();
-                self.report(false, &reason);
-                Err(reason)
-            }
+            Err(err) => Err(err.to_string()),
         }
     }
 
@@ -141,13 +176,34 @@ impl Broker {
         (span, traceparent)
     }
 
-    fn report(&self, up: bool, detail: &str) {
-        if self.up.swap(up, Ordering::Relaxed) != up {
-            let broker = redact_url(&self.url);
-            if up {
-                tracing::info!(%broker, "RabbitMQ {detail}");
-            } else {
-                tracing::warn!(%broker, reason = detail, "RabbitMQ unavailable; holding claims until it is back");
+    /// Logs the broker's state when it changes: the first attempt, connected,
+    /// unavailable with the reason, and a new reason while still down.
+    fn report(&self, to: Link) {
+        let reason = match &to {
+            Link::Down(reason) => Some(reason.clone()),
+            _ => None,
+        };
+        let change = {
+            // A panic elsewhere cannot leave a `Link` half-written.
+            let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+            let (next, change) = link.next(to);
+            *link = next;
+            change
+        };
+        let Some(change) = change else {
+            return;
+        };
+        let broker = redact_url(&self.url);
+        match change {
+            Change::Connecting => tracing::info!(%broker, "connecting to RabbitMQ"),
+            Change::Connected => tracing::info!(%broker, "connected to RabbitMQ"),
+            Change::Unavailable => tracing::warn!(
+                %broker,
+                reason,
+                "RabbitMQ unavailable; holding claims until it is back"
+            ),
+            Change::StillUnavailable => {
+                tracing::warn!(%broker, reason, "RabbitMQ still unavailable")
             }
         }
     }
@@ -240,16 +296,33 @@ impl AmqpPublisher {
             return Ok(channel.clone());
         }
         self.channel = None;
-        let conn = self.broker.connection().await?;
+        match self.open_channel().await {
+            Ok(channel) => {
+                self.broker.report(Link::Up);
+                self.channel = Some(channel.clone());
+                Ok(channel)
+            }
+            Err(reason) => {
+                self.broker.report(Link::Down(reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+
+    /// A confirm-mode channel, with the exchange declared: after a reconnect
+    /// it may be gone with the broker's state.
+    async fn open_channel(&self) -> Result<Channel, String> {
+        let broker = &self.broker;
+        let conn = broker.connection().await?;
         let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| e.to_string())?;
-        if self.broker.declare {
+        if broker.declare {
             channel
                 .exchange_declare(
-                    self.broker.exchange.as_str().into(),
+                    broker.exchange.as_str().into(),
                     ExchangeKind::Topic,
                     ExchangeDeclareOptions {
                         durable: true,
@@ -260,7 +333,6 @@ impl AmqpPublisher {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        self.channel = Some(channel.clone());
         Ok(channel)
     }
 }
@@ -397,6 +469,45 @@ mod tests {
 
     fn header<'a>(props: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
         props.headers().as_ref()?.inner().get(key)
+    }
+
+    #[test]
+    fn the_broker_state_is_logged_from_the_first_attempt_and_on_each_change() {
+        let down = |reason: &str| Link::Down(reason.into());
+        let mut link = Link::Untried;
+        let mut logged = Vec::new();
+        for to in [
+            Link::Connecting,
+            down("refused"),
+            Link::Connecting,
+            down("refused"),
+            down("refused"),
+            down("timed out"),
+            Link::Up,
+            Link::Up,
+            Link::Connecting,
+            down("connection lost"),
+            down("refused"),
+            Link::Up,
+        ] {
+            let (next, change) = link.next(to);
+            link = next;
+            logged.extend(change);
+        }
+        use Change::*;
+        assert_eq!(
+            logged,
+            [
+                Connecting,
+                Unavailable,
+                StillUnavailable,
+                Connected,
+                Unavailable,
+                StillUnavailable,
+                Connected
+            ]
+        );
+        assert_eq!(Link::Untried.next(Link::Up), (Link::Up, Some(Connected)));
     }
 
     const STORED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

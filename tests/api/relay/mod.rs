@@ -244,6 +244,14 @@ fn listening_ports(pid: u32) -> Vec<u16> {
     ports
 }
 
+/// A local port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
 /// Producer transactions from concurrent tasks; every `rollback_every`-th
 /// transaction of a task rolls back. Returns (committed, rolled back) ids.
 async fn produce(
@@ -550,7 +558,7 @@ async fn the_relay_recovers_when_the_broker_drops_its_connections() {
     assert!(status.success());
     let connected = lines
         .iter()
-        .filter(|l| l.contains("RabbitMQ connected"))
+        .filter(|l| l.contains("connected to RabbitMQ"))
         .count();
     assert_eq!(connected, 2, "connected, lost, connected again: {lines:#?}");
     let counts = tally(&rabbit.drain().await);
@@ -780,4 +788,50 @@ async fn a_taken_metrics_port_exits_64_naming_the_flag_before_connecting_anywher
             "the relay connected to {what} before it found its port taken"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_logs_its_first_failed_broker_connection_at_once() {
+    let password = "s3cret-never-logged";
+    let mut cmd = relay_command();
+    cmd.args(["--server", &format!("http://127.0.0.1:{}", free_port())])
+        .args([
+            "--amqp-url",
+            &format!("amqp://guest:{password}@127.0.0.1:{}/%2f", free_port()),
+        ])
+        .args(["--metrics-listen", "off"])
+        .env("RUST_LOG", "info");
+    let relay = Relay::spawn(cmd);
+    let connecting = relay
+        .line(secs(5), "the first attempt is logged", |l| {
+            l.contains("connecting to RabbitMQ")
+        })
+        .await;
+    assert!(connecting.contains("INFO"), "{connecting}");
+    assert!(
+        connecting.contains("amqp://guest:redacted@127.0.0.1:"),
+        "{connecting}"
+    );
+    let failed = relay
+        .line(secs(5), "the first failure is logged", |l| {
+            l.contains("RabbitMQ unavailable")
+        })
+        .await;
+    assert!(failed.contains("WARN"), "{failed}");
+    assert!(
+        failed.contains("Connection refused"),
+        "the reason: {failed}"
+    );
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+    let leaks: Vec<&String> = lines.iter().filter(|l| l.contains(password)).collect();
+    assert!(leaks.is_empty(), "the password is never logged: {leaks:#?}");
+    let warnings = lines
+        .iter()
+        .filter(|l| l.contains("RabbitMQ") && l.contains("WARN"))
+        .count();
+    assert_eq!(
+        warnings, 1,
+        "retries for the same reason are not news: {lines:#?}"
+    );
 }
