@@ -251,24 +251,26 @@ impl Broker {
     }
 }
 
-/// What a confirm (or its absence) means for the message.
+/// What a confirm (or its absence) means for the message, and the broker's
+/// reply (`312 NO_ROUTE`) when it returned the message as unroutable.
 fn confirmation(
     confirm: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>,
-) -> (Delivery, PublishResult) {
-    match confirm {
+) -> (Delivery, PublishResult, Option<String>) {
+    let (delivery, result) = match confirm {
         Err(_) => (
             Delivery::Failed("publisher confirm timed out".into()),
             PublishResult::Failed,
         ),
         Ok(Err(err)) => (Delivery::Failed(err.to_string()), PublishResult::Failed),
         Ok(Ok(Confirmation::Ack(None))) => (Delivery::Confirmed, PublishResult::Confirmed),
-        Ok(Ok(Confirmation::Ack(Some(returned)))) => (
-            Delivery::Rejected(format!(
-                "returned by broker: {} {}",
-                returned.reply_code, returned.reply_text
-            )),
-            PublishResult::Returned,
-        ),
+        Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+            let reply = format!("{} {}", returned.reply_code, returned.reply_text);
+            return (
+                Delivery::Rejected(format!("returned by broker: {reply}")),
+                PublishResult::Returned,
+                Some(reply),
+            );
+        }
         Ok(Ok(Confirmation::Nack(returned))) => (
             Delivery::Rejected(match returned {
                 Some(r) => format!("nacked by broker: {} {}", r.reply_code, r.reply_text),
@@ -280,7 +282,8 @@ fn confirmation(
             Delivery::Failed("channel is not in confirm mode".into()),
             PublishResult::Failed,
         ),
-    }
+    };
+    (delivery, result, None)
 }
 
 /// One slot's confirm-mode channel.
@@ -389,11 +392,23 @@ impl Publisher for AmqpPublisher {
         broker.metrics.published(&broker.exchange, batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
-        for (sent, span) in sent.into_iter().zip(spans) {
-            let (delivery, result) = match sent {
-                Err(reason) => (Delivery::Failed(reason), PublishResult::Failed),
+        for ((sent, span), m) in sent.into_iter().zip(spans).zip(batch) {
+            let (delivery, result, returned) = match sent {
+                Err(reason) => (Delivery::Failed(reason), PublishResult::Failed, None),
                 Ok(confirm) => confirmation(tokio::time::timeout_at(deadline, confirm).await),
             };
+            if let Some(reply) = returned {
+                // One line per message, in place of lapin's dump of its
+                // properties (silenced in `telemetry`). Rare, so the routing
+                // key is rendered again rather than kept for every message.
+                tracing::warn!(
+                    event_id = %m.id,
+                    exchange = %broker.exchange,
+                    routing_key = %broker.routing_key.render(&m.event_type, &m.aggregate_id),
+                    %reply,
+                    "unroutable: the broker returned the message (no queue bound for its routing key); nacked for a retry"
+                );
+            }
             outcomes.push((result, sent_at.elapsed().as_secs_f64()));
             if let Some(mut span) = span {
                 match &delivery {

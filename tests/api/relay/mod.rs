@@ -588,7 +588,8 @@ async fn unroutable_messages_are_nacked_with_the_reason_and_dead_lettered() {
         },
     )
     .await;
-    assert!(relay.terminate().await.success());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success());
 
     for id in ids {
         let (published, attempts, error): (
@@ -607,7 +608,33 @@ async fn unroutable_messages_are_nacked_with_the_reason_and_dead_lettered() {
             error.contains("NO_ROUTE"),
             "the broker's reason is kept: {error}"
         );
+        // One line each time the broker returned it, with what to look up.
+        let about: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains(&id.to_string()))
+            .collect();
+        assert_eq!(about.len(), 3, "one line per returned message: {about:#?}");
+        for line in about {
+            for part in [
+                "WARN",
+                "unroutable",
+                "nacked for a retry",
+                &format!("exchange={}", nowhere.exchange),
+                "routing_key=test.event",
+                "reply=312 NO_ROUTE",
+            ] {
+                assert!(line.contains(part), "{part:?} missing from {line}");
+            }
+        }
     }
+    let dumps: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("Server returned us a message"))
+        .collect();
+    assert!(
+        dumps.is_empty(),
+        "lapin's dump of each returned message is quiet: {dumps:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
