@@ -10,7 +10,10 @@ use std::{
 
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions},
+    options::{
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 use opentelemetry::{
@@ -42,6 +45,8 @@ pub struct Broker {
     connection_name: String,
     exchange: String,
     declare: bool,
+    /// Declared and bound with `#` on each new channel (`--bind-queue`).
+    bind_queue: Option<String>,
     routing_key: RoutingKey,
     confirm_timeout: Duration,
     /// Whether to build a publish span per message (`telemetry::message_spans`).
@@ -99,6 +104,7 @@ impl Broker {
             connection_name: format!("outbox-relay {}", config.worker_id),
             exchange: config.exchange.clone(),
             declare: config.declare,
+            bind_queue: config.bind_queue.clone(),
             routing_key: config.routing_key.clone(),
             confirm_timeout: config.confirm_timeout,
             spans: telemetry::message_spans(),
@@ -312,8 +318,8 @@ impl AmqpPublisher {
         }
     }
 
-    /// A confirm-mode channel, with the exchange declared: after a reconnect
-    /// it may be gone with the broker's state.
+    /// A confirm-mode channel, with the exchange (and the try-out queue)
+    /// declared: after a reconnect they may be gone with the broker's state.
     async fn open_channel(&self) -> Result<Channel, String> {
         let broker = &self.broker;
         let conn = broker.connection().await?;
@@ -335,6 +341,31 @@ impl AmqpPublisher {
                 )
                 .await
                 .map_err(|e| e.to_string())?;
+        }
+        if let Some(queue) = &broker.bind_queue {
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| format!("declaring queue {queue:?}: {e}"))?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    broker.exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    format!(
+                        "binding queue {queue:?} to exchange {:?}: {e}",
+                        broker.exchange
+                    )
+                })?;
         }
         Ok(channel)
     }

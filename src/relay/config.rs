@@ -106,6 +106,12 @@ pub struct RelayArgs {
     )]
     pub metrics_listen: MetricsListen,
 
+    /// For a try-out: at each connect, declare this durable queue and bind it to
+    /// the exchange with `#`, so events arrive somewhere instead of coming back
+    /// unroutable. In production the consumers own their queues and bindings.
+    #[arg(long, env = "OUTBOX_RELAY_BIND_QUEUE", value_name = "NAME")]
+    pub bind_queue: Option<String>,
+
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -127,6 +133,30 @@ impl FromStr for MetricsListen {
             s.parse().map(Self::At)
         }
     }
+}
+
+/// The longest queue name AMQP 0-9-1 carries (a short string).
+const MAX_QUEUE_NAME: usize = 255;
+
+/// A queue name the broker will accept for a declare: RabbitMQ refuses names
+/// in the reserved `amq.` namespace, and an empty name would declare a
+/// server-named queue nobody could find again.
+fn queue_name(name: &str) -> Result<String, String> {
+    if name.is_empty() {
+        return Err("--bind-queue must not be empty".into());
+    }
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(format!(
+            "--bind-queue must be at most {MAX_QUEUE_NAME} bytes, not {}",
+            name.len()
+        ));
+    }
+    if name.starts_with("amq.") {
+        return Err(format!(
+            "--bind-queue {name:?}: names starting with \"amq.\" are reserved by the broker"
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// A parsed routing-key template.
@@ -202,6 +232,8 @@ pub struct RelayConfig {
     pub wait: Duration,
     pub drain_timeout: Duration,
     pub metrics_listen: MetricsListen,
+    /// Declared and bound to the exchange with `#` at each connect.
+    pub bind_queue: Option<String>,
 }
 
 impl RelayArgs {
@@ -261,6 +293,7 @@ impl RelayArgs {
             wait: self.wait,
             drain_timeout: self.drain_timeout,
             metrics_listen: self.metrics_listen.clone(),
+            bind_queue: self.bind_queue.as_deref().map(queue_name).transpose()?,
         })
     }
 }
@@ -315,6 +348,7 @@ mod tests {
             MetricsListen::At(ListenAddr::new("0.0.0.0", 9091)),
             "not outboxd's 9090"
         );
+        assert_eq!(config.bind_queue, None);
         let off = RelayArgs::try_parse_from([
             "outbox-relay",
             "--claim-ahead",
@@ -359,6 +393,26 @@ mod tests {
             let err = relay(&["--metrics-listen", bad]).expect_err(bad);
             assert!(err.contains("--metrics-listen"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn bind_queue_names_the_broker_would_refuse_are_refused() {
+        let max = "q".repeat(255);
+        for good in ["quickstart", "amq", "amqp.events", max.as_str()] {
+            let config = relay(&["--bind-queue", good]).expect(good);
+            assert_eq!(config.bind_queue.as_deref(), Some(good));
+        }
+        let long = "q".repeat(256);
+        for (bad, why) in [
+            ("", "empty"),
+            (long.as_str(), "at most 255 bytes"),
+            ("amq.events", "reserved"),
+        ] {
+            let err = relay(&["--bind-queue", bad]).expect_err(bad);
+            assert!(err.contains("--bind-queue") && err.contains(why), "{err}");
+        }
+        // Bytes, not characters: 128 two-byte characters are 256 bytes.
+        assert!(relay(&["--bind-queue", &"é".repeat(128)]).is_err());
     }
 
     #[test]

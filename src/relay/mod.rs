@@ -84,6 +84,7 @@ pub async fn run(
         concurrency = config.concurrency,
         claim_ahead = config.claim_ahead,
         ack_with_claim = config.ack_with_claim,
+        bind_queue = config.bind_queue.as_deref(),
         metrics = %metrics_addr,
         "relaying"
     );

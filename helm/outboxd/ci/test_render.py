@@ -359,7 +359,7 @@ def test_chart_reaches_every_flag(render):
     (a new flag without a value fails here)."""
     server_seen, relay_seen = set(), set()
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
-                "config": {"workerId": "w", "noDeclare": True}}
+                "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on}]:
         r = render(values)
         server_seen |= set(r.configmap()["data"]) | set(_env(_containers(r.server())[0]))

@@ -817,6 +817,52 @@ async fn a_taken_metrics_port_exits_64_naming_the_flag_before_connecting_anywher
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bind_queue_makes_an_inserted_event_arrive_in_that_queue() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    // As in the quick start: the relay declares the exchange and the queue.
+    let fresh = Rabbit::undeclared();
+    // With --no-declare: the exchange exists already, the queue does not.
+    let mut existing = Rabbit::unbound().await;
+    existing.queue = Some(existing.exchange.replace("_ex_", "_q_"));
+    for (rabbit, declare) in [(&fresh, true), (&existing, false)] {
+        assert_eq!(
+            rabbit.try_depth().await,
+            None,
+            "the queue is the relay's to declare"
+        );
+        let queue = rabbit.queue();
+        let mut extra = vec!["--bind-queue", queue];
+        if declare {
+            extra.extend(["--exchange", rabbit.exchange.as_str()]);
+        }
+        let relay = Relay::start(&app, rabbit, &extra);
+        let id = Uuid::new_v4();
+        app.insert_event(
+            id,
+            "order-1",
+            "order.created",
+            json!({ "total": 42 }),
+            json!({}),
+        )
+        .await;
+        wait_until(secs(60), "the event is in the bound queue", async || {
+            rabbit.try_depth().await == Some(1)
+        })
+        .await;
+        let (status, lines) = relay.terminate_with_output().await;
+        assert!(status.success(), "{lines:#?}");
+        let got = rabbit.drain().await;
+        assert_eq!(got.len(), 1, "declare {declare}");
+        assert_eq!(got[0].message_id, id.to_string());
+        assert_eq!(got[0].routing_key, "order.created");
+        let payload: serde_json::Value =
+            serde_json::from_slice(&got[0].payload).expect("JSON payload");
+        assert_eq!(payload, json!({ "total": 42 }));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_logs_its_first_failed_broker_connection_at_once() {
     let password = "s3cret-never-logged";

@@ -97,6 +97,16 @@ impl Bystander {
 }
 
 impl Rabbit {
+    /// Names for an exchange and a queue that nobody declared yet (the relay
+    /// will), deleted like any other when the test ends.
+    pub fn undeclared() -> Self {
+        let id = Uuid::new_v4().simple();
+        Self {
+            exchange: format!("outbox_test_ex_{id}"),
+            queue: Some(format!("outbox_test_q_{id}")),
+        }
+    }
+
     /// An exchange with a queue bound to `binding` (`#` takes everything).
     pub async fn bound(binding: &str) -> Self {
         let mut rabbit = Self::unbound().await;
@@ -153,6 +163,13 @@ impl Rabbit {
 
     /// Messages waiting in the queue.
     pub async fn depth(&self) -> u32 {
+        self.try_depth()
+            .await
+            .expect("passive declare of the queue")
+    }
+
+    /// Messages waiting in the queue; `None` while the queue does not exist.
+    pub async fn try_depth(&self) -> Option<u32> {
         let conn = connect().await;
         let ch = conn.create_channel().await.expect("channel");
         let q = ch
@@ -164,10 +181,9 @@ impl Rabbit {
                 },
                 FieldTable::default(),
             )
-            .await
-            .expect("passive declare");
+            .await;
         let _ = conn.close(200, "bye".into()).await;
-        q.message_count()
+        q.ok().map(|q| q.message_count())
     }
 
     /// Consumes everything in the queue; ends once it has been quiet for a moment.
