@@ -133,6 +133,26 @@ pub fn traceparent(ids: &SpanContext) -> String {
     )
 }
 
+/// lapin logs every message the broker returns (unroutable) at WARN as a dump
+/// of its properties; the relay logs one line per such message itself.
+const QUIET_TARGET: &str = "lapin::returned_messages";
+
+/// `RUST_LOG` (default `info`; an invalid one is ignored too), with
+/// [`QUIET_TARGET`] at `error` unless `RUST_LOG` names that target itself.
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let rust_log = rust_log.filter(|v| !v.trim().is_empty());
+    let base = rust_log
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if rust_log.is_some_and(|v| v.contains(QUIET_TARGET)) {
+        return base;
+    }
+    match format!("{QUIET_TARGET}=error").parse() {
+        Ok(directive) => base.add_directive(directive),
+        Err(_) => base,
+    }
+}
+
 /// Installs logs and traces for a binary. Call once, inside the runtime.
 pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
     MESSAGE_SPANS.store(otlp_configured(), Ordering::Relaxed);
@@ -149,7 +169,7 @@ pub fn init(service: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
 /// spans to OpenTelemetry whatever the log level — `RUST_LOG=warn` must quiet
 /// the logs, not cut the traces (or the trace context sent to outboxd).
 pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::Tracer) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
     // Entering and leaving a span must stay cheap: sqlx re-enters the RPC span
     // on every poll of a query's row stream, hundreds of times per call. Busy
@@ -303,6 +323,25 @@ mod tests {
     use opentelemetry::{propagation::TextMapPropagator as _, trace::TraceContextExt as _};
 
     use super::*;
+
+    #[test]
+    fn lapins_returned_message_dumps_are_quiet_unless_asked_for() {
+        let quiet = "lapin::returned_messages=error";
+        for rust_log in [
+            None,
+            Some(""),
+            Some("warn"),
+            Some("lapin=debug,info"),
+            Some("["),
+        ] {
+            let filter = log_filter(rust_log).to_string();
+            assert!(filter.contains(quiet), "{rust_log:?}: {filter}");
+        }
+        assert_eq!(log_filter(None).max_level_hint(), Some(Level::INFO.into()));
+        let asked = log_filter(Some("info,lapin::returned_messages=warn")).to_string();
+        assert!(!asked.contains(quiet), "{asked}");
+        assert!(asked.contains("lapin::returned_messages=warn"), "{asked}");
+    }
 
     #[test]
     fn traceparent_is_what_the_trace_context_propagator_writes() {

@@ -14,6 +14,11 @@ async fn main() -> ExitCode {
         Ok(config) => config,
         Err(reason) => return config::invalid_config("outbox-relay", &sources, &reason),
     };
+    // Bound before anything connects: a taken port is a configuration error.
+    let metrics_listener = match relay::bind_metrics(&config.metrics_listen).await {
+        Ok(listener) => listener,
+        Err(reason) => return config::invalid_config("outbox-relay", &sources, &reason),
+    };
     let telemetry = match telemetry::init("outbox-relay", args.log.log_format) {
         Ok(telemetry) => telemetry,
         Err(err) => {
@@ -24,7 +29,7 @@ async fn main() -> ExitCode {
     let Ok(stop) = shutdown::on_signals() else {
         return ExitCode::FAILURE;
     };
-    let code = match relay::run(config, stop).await {
+    let code = match relay::run(config, metrics_listener, stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "outbox-relay failed");

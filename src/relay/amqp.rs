@@ -1,17 +1,19 @@
 //! RabbitMQ with lapin: one shared connection per process, one confirm-mode
-//! channel per in-flight slot, reconnected on demand after any failure.
+//! channel per in-flight slot, reconnected on demand after any failure. The
+//! slots' first `ready()` connects at start, so a broker that is down shows in
+//! the log at once, not at the first batch.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex as StdMutex, PoisonError},
     time::Duration,
 };
 
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions},
+    options::{
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 use opentelemetry::{
@@ -43,6 +45,8 @@ pub struct Broker {
     connection_name: String,
     exchange: String,
     declare: bool,
+    /// Declared and bound with `#` on each new channel (`--bind-queue`).
+    bind_queue: Option<String>,
     routing_key: RoutingKey,
     confirm_timeout: Duration,
     /// Whether to build a publish span per message (`telemetry::message_spans`).
@@ -50,7 +54,47 @@ pub struct Broker {
     metrics: RelayMetrics,
     connection: Mutex<Option<Arc<Connection>>>,
     /// Last reported state, so each change is logged once, not each retry.
-    up: AtomicBool,
+    link: StdMutex<Link>,
+}
+
+/// The broker as the relay last reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    Untried,
+    Connecting,
+    /// A slot has a channel ready to publish on.
+    Up,
+    /// Connecting or opening a channel failed, for this reason.
+    Down(String),
+}
+
+/// A state change worth a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Connecting,
+    Connected,
+    Unavailable,
+    /// Still down, for another reason than the one last logged.
+    StillUnavailable,
+}
+
+impl Link {
+    /// The state after `to`, and the line it is worth. `Connecting` counts only
+    /// as the first attempt: later attempts show as a change of reason or as
+    /// connected.
+    fn next(&self, to: Link) -> (Link, Option<Change>) {
+        let change = match (self, &to) {
+            (Link::Untried, Link::Connecting) => Some(Change::Connecting),
+            (_, Link::Connecting) => return (self.clone(), None),
+            (Link::Down(was), Link::Down(now)) if was == now => None,
+            (Link::Down(_), Link::Down(_)) => Some(Change::StillUnavailable),
+            (_, Link::Down(_)) => Some(Change::Unavailable),
+            (Link::Up, Link::Up) => None,
+            (_, Link::Up) => Some(Change::Connected),
+            (_, Link::Untried) => None,
+        };
+        (to, change)
+    }
 }
 
 impl Broker {
@@ -60,12 +104,13 @@ impl Broker {
             connection_name: format!("outbox-relay {}", config.worker_id),
             exchange: config.exchange.clone(),
             declare: config.declare,
+            bind_queue: config.bind_queue.clone(),
             routing_key: config.routing_key.clone(),
             confirm_timeout: config.confirm_timeout,
             spans: telemetry::message_spans(),
             metrics,
             connection: Mutex::new(None),
-            up: AtomicBool::new(false),
+            link: StdMutex::new(Link::Untried),
         })
     }
 
@@ -83,22 +128,18 @@ impl Broker {
             return Ok(Arc::clone(conn));
         }
         if slot.take().is_some() {
-            self.report(false, "connection lost");
+            self.report(Link::Down("connection lost".into()));
         }
+        self.report(Link::Connecting);
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.as_str().into());
         match Connection::connect(&self.url, properties).await {
             Ok(conn) => {
                 let conn = Arc::new(conn);
                 *slot = Some(Arc::clone(&conn));
-                self.report(true, "connected");
                 Ok(conn)
             }
-            Err(err) => {
-                let reason = err.to_string();
-                self.report(false, &reason);
-                Err(reason)
-            }
+            Err(err) => Err(err.to_string()),
         }
     }
 
@@ -141,13 +182,34 @@ impl Broker {
         (span, traceparent)
     }
 
-    fn report(&self, up: bool, detail: &str) {
-        if self.up.swap(up, Ordering::Relaxed) != up {
-            let broker = redact_url(&self.url);
-            if up {
-                tracing::info!(%broker, "RabbitMQ {detail}");
-            } else {
-                tracing::warn!(%broker, reason = detail, "RabbitMQ unavailable; holding claims until it is back");
+    /// Logs the broker's state when it changes: the first attempt, connected,
+    /// unavailable with the reason, and a new reason while still down.
+    fn report(&self, to: Link) {
+        let reason = match &to {
+            Link::Down(reason) => Some(reason.clone()),
+            _ => None,
+        };
+        let change = {
+            // A panic elsewhere cannot leave a `Link` half-written.
+            let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+            let (next, change) = link.next(to);
+            *link = next;
+            change
+        };
+        let Some(change) = change else {
+            return;
+        };
+        let broker = redact_url(&self.url);
+        match change {
+            Change::Connecting => tracing::info!(%broker, "connecting to RabbitMQ"),
+            Change::Connected => tracing::info!(%broker, "connected to RabbitMQ"),
+            Change::Unavailable => tracing::warn!(
+                %broker,
+                reason,
+                "RabbitMQ unavailable; holding claims until it is back"
+            ),
+            Change::StillUnavailable => {
+                tracing::warn!(%broker, reason, "RabbitMQ still unavailable")
             }
         }
     }
@@ -195,24 +257,26 @@ impl Broker {
     }
 }
 
-/// What a confirm (or its absence) means for the message.
+/// What a confirm (or its absence) means for the message, and the broker's
+/// reply (`312 NO_ROUTE`) when it returned the message as unroutable.
 fn confirmation(
     confirm: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>,
-) -> (Delivery, PublishResult) {
-    match confirm {
+) -> (Delivery, PublishResult, Option<String>) {
+    let (delivery, result) = match confirm {
         Err(_) => (
             Delivery::Failed("publisher confirm timed out".into()),
             PublishResult::Failed,
         ),
         Ok(Err(err)) => (Delivery::Failed(err.to_string()), PublishResult::Failed),
         Ok(Ok(Confirmation::Ack(None))) => (Delivery::Confirmed, PublishResult::Confirmed),
-        Ok(Ok(Confirmation::Ack(Some(returned)))) => (
-            Delivery::Rejected(format!(
-                "returned by broker: {} {}",
-                returned.reply_code, returned.reply_text
-            )),
-            PublishResult::Returned,
-        ),
+        Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+            let reply = format!("{} {}", returned.reply_code, returned.reply_text);
+            return (
+                Delivery::Rejected(format!("returned by broker: {reply}")),
+                PublishResult::Returned,
+                Some(reply),
+            );
+        }
         Ok(Ok(Confirmation::Nack(returned))) => (
             Delivery::Rejected(match returned {
                 Some(r) => format!("nacked by broker: {} {}", r.reply_code, r.reply_text),
@@ -224,7 +288,8 @@ fn confirmation(
             Delivery::Failed("channel is not in confirm mode".into()),
             PublishResult::Failed,
         ),
-    }
+    };
+    (delivery, result, None)
 }
 
 /// One slot's confirm-mode channel.
@@ -240,16 +305,33 @@ impl AmqpPublisher {
             return Ok(channel.clone());
         }
         self.channel = None;
-        let conn = self.broker.connection().await?;
+        match self.open_channel().await {
+            Ok(channel) => {
+                self.broker.report(Link::Up);
+                self.channel = Some(channel.clone());
+                Ok(channel)
+            }
+            Err(reason) => {
+                self.broker.report(Link::Down(reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+
+    /// A confirm-mode channel, with the exchange (and the try-out queue)
+    /// declared: after a reconnect they may be gone with the broker's state.
+    async fn open_channel(&self) -> Result<Channel, String> {
+        let broker = &self.broker;
+        let conn = broker.connection().await?;
         let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| e.to_string())?;
-        if self.broker.declare {
+        if broker.declare {
             channel
                 .exchange_declare(
-                    self.broker.exchange.as_str().into(),
+                    broker.exchange.as_str().into(),
                     ExchangeKind::Topic,
                     ExchangeDeclareOptions {
                         durable: true,
@@ -260,7 +342,31 @@ impl AmqpPublisher {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        self.channel = Some(channel.clone());
+        if let Some(queue) = &broker.bind_queue {
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| format!("declaring queue {queue:?}: {e}"))?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    broker.exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    format!(
+                        "binding queue {queue:?} to exchange {:?}: {e}",
+                        broker.exchange
+                    )
+                })?;
+        }
         Ok(channel)
     }
 }
@@ -317,11 +423,23 @@ impl Publisher for AmqpPublisher {
         broker.metrics.published(&broker.exchange, batch.len());
         let mut deliveries = Vec::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
-        for (sent, span) in sent.into_iter().zip(spans) {
-            let (delivery, result) = match sent {
-                Err(reason) => (Delivery::Failed(reason), PublishResult::Failed),
+        for ((sent, span), m) in sent.into_iter().zip(spans).zip(batch) {
+            let (delivery, result, returned) = match sent {
+                Err(reason) => (Delivery::Failed(reason), PublishResult::Failed, None),
                 Ok(confirm) => confirmation(tokio::time::timeout_at(deadline, confirm).await),
             };
+            if let Some(reply) = returned {
+                // One line per message, in place of lapin's dump of its
+                // properties (silenced in `telemetry`). Rare, so the routing
+                // key is rendered again rather than kept for every message.
+                tracing::warn!(
+                    event_id = %m.id,
+                    exchange = %broker.exchange,
+                    routing_key = %broker.routing_key.render(&m.event_type, &m.aggregate_id),
+                    %reply,
+                    "unroutable: the broker returned the message (no queue bound for its routing key); nacked for a retry"
+                );
+            }
             outcomes.push((result, sent_at.elapsed().as_secs_f64()));
             if let Some(mut span) = span {
                 match &delivery {
@@ -397,6 +515,45 @@ mod tests {
 
     fn header<'a>(props: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
         props.headers().as_ref()?.inner().get(key)
+    }
+
+    #[test]
+    fn the_broker_state_is_logged_from_the_first_attempt_and_on_each_change() {
+        let down = |reason: &str| Link::Down(reason.into());
+        let mut link = Link::Untried;
+        let mut logged = Vec::new();
+        for to in [
+            Link::Connecting,
+            down("refused"),
+            Link::Connecting,
+            down("refused"),
+            down("refused"),
+            down("timed out"),
+            Link::Up,
+            Link::Up,
+            Link::Connecting,
+            down("connection lost"),
+            down("refused"),
+            Link::Up,
+        ] {
+            let (next, change) = link.next(to);
+            link = next;
+            logged.extend(change);
+        }
+        use Change::*;
+        assert_eq!(
+            logged,
+            [
+                Connecting,
+                Unavailable,
+                StillUnavailable,
+                Connected,
+                Unavailable,
+                StillUnavailable,
+                Connected
+            ]
+        );
+        assert_eq!(Link::Untried.next(Link::Up), (Link::Up, Some(Connected)));
     }
 
     const STORED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

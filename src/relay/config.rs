@@ -1,10 +1,13 @@
 //! The relay's flags, each with an env var, validated before anything connects.
 
-use std::time::Duration;
+use std::{str::FromStr, time::Duration};
 
 use clap::Parser;
 
-use crate::{config::LogArgs, outbox::parse_duration};
+use crate::{
+    config::{ListenAddr, LogArgs},
+    outbox::parse_duration,
+};
 
 /// outbox-relay: claims from outboxd, publishes to RabbitMQ with confirms, acks.
 #[derive(Debug, Parser)]
@@ -93,16 +96,67 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub drain_timeout: Duration,
 
-    /// Prometheus metrics address (`GET /metrics`).
+    /// Prometheus metrics address (`GET /metrics`), HOST:PORT, or `off` to bind
+    /// nothing. Not outboxd's 9090, so both start side by side with defaults.
     #[arg(
         long,
         env = "OUTBOX_RELAY_METRICS_LISTEN",
-        default_value = "0.0.0.0:9090"
+        default_value = "0.0.0.0:9091",
+        value_name = "HOST:PORT|off"
     )]
-    pub metrics_listen: std::net::SocketAddr,
+    pub metrics_listen: MetricsListen,
+
+    /// For a try-out: at each connect, declare this durable queue and bind it to
+    /// the exchange with `#`, so events arrive somewhere instead of coming back
+    /// unroutable. In production the consumers own their queues and bindings.
+    #[arg(long, env = "OUTBOX_RELAY_BIND_QUEUE", value_name = "NAME")]
+    pub bind_queue: Option<String>,
 
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// Where the metrics endpoint listens, if anywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsListen {
+    Off,
+    At(ListenAddr),
+}
+
+impl FromStr for MetricsListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "off" {
+            Ok(Self::Off)
+        } else {
+            s.parse().map(Self::At)
+        }
+    }
+}
+
+/// The longest queue name AMQP 0-9-1 carries (a short string).
+const MAX_QUEUE_NAME: usize = 255;
+
+/// A queue name the broker will accept for a declare: RabbitMQ refuses names
+/// in the reserved `amq.` namespace, and an empty name would declare a
+/// server-named queue nobody could find again.
+fn queue_name(name: &str) -> Result<String, String> {
+    if name.is_empty() {
+        return Err("--bind-queue must not be empty".into());
+    }
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(format!(
+            "--bind-queue must be at most {MAX_QUEUE_NAME} bytes, not {}",
+            name.len()
+        ));
+    }
+    if name.starts_with("amq.") {
+        return Err(format!(
+            "--bind-queue {name:?}: names starting with \"amq.\" are reserved by the broker"
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// A parsed routing-key template.
@@ -177,7 +231,9 @@ pub struct RelayConfig {
     pub confirm_timeout: Duration,
     pub wait: Duration,
     pub drain_timeout: Duration,
-    pub metrics_listen: std::net::SocketAddr,
+    pub metrics_listen: MetricsListen,
+    /// Declared and bound to the exchange with `#` at each connect.
+    pub bind_queue: Option<String>,
 }
 
 impl RelayArgs {
@@ -236,7 +292,8 @@ impl RelayArgs {
             confirm_timeout: self.confirm_timeout,
             wait: self.wait,
             drain_timeout: self.drain_timeout,
-            metrics_listen: self.metrics_listen,
+            metrics_listen: self.metrics_listen.clone(),
+            bind_queue: self.bind_queue.as_deref().map(queue_name).transpose()?,
         })
     }
 }
@@ -286,6 +343,12 @@ mod tests {
         assert_eq!(config.concurrency, 4);
         assert!(config.claim_ahead);
         assert!(config.ack_with_claim);
+        assert_eq!(
+            config.metrics_listen,
+            MetricsListen::At(ListenAddr::new("0.0.0.0", 9091)),
+            "not outboxd's 9090"
+        );
+        assert_eq!(config.bind_queue, None);
         let off = RelayArgs::try_parse_from([
             "outbox-relay",
             "--claim-ahead",
@@ -303,6 +366,53 @@ mod tests {
                 .worker_id
                 .ends_with(&format!("-{}", std::process::id()))
         );
+    }
+
+    fn relay(args: &[&str]) -> Result<RelayConfig, String> {
+        let argv = std::iter::once("outbox-relay").chain(args.iter().copied());
+        RelayArgs::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .validate()
+    }
+
+    #[test]
+    fn the_metrics_listener_can_be_off_or_on_a_host_name() {
+        let off = relay(&["--metrics-listen", "off"]).expect("valid");
+        assert_eq!(off.metrics_listen, MetricsListen::Off);
+        let named = relay(&["--metrics-listen", "localhost:9191"]).expect("valid");
+        assert_eq!(
+            named.metrics_listen,
+            MetricsListen::At(ListenAddr::new("localhost", 9191))
+        );
+        let v6 = relay(&["--metrics-listen", "[::1]:9191"]).expect("valid");
+        assert_eq!(
+            v6.metrics_listen,
+            MetricsListen::At(ListenAddr::new("::1", 9191))
+        );
+        for bad in ["9091", "Off", "localhost", "host:99999", "bad host:1"] {
+            let err = relay(&["--metrics-listen", bad]).expect_err(bad);
+            assert!(err.contains("--metrics-listen"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn bind_queue_names_the_broker_would_refuse_are_refused() {
+        let max = "q".repeat(255);
+        for good in ["quickstart", "amq", "amqp.events", max.as_str()] {
+            let config = relay(&["--bind-queue", good]).expect(good);
+            assert_eq!(config.bind_queue.as_deref(), Some(good));
+        }
+        let long = "q".repeat(256);
+        for (bad, why) in [
+            ("", "empty"),
+            (long.as_str(), "at most 255 bytes"),
+            ("amq.events", "reserved"),
+        ] {
+            let err = relay(&["--bind-queue", bad]).expect_err(bad);
+            assert!(err.contains("--bind-queue") && err.contains(why), "{err}");
+        }
+        // Bytes, not characters: 128 two-byte characters are 256 bytes.
+        assert!(relay(&["--bind-queue", &"é".repeat(128)]).is_err());
     }
 
     #[test]

@@ -11,22 +11,41 @@ mod worker;
 
 use std::{sync::Arc, time::Duration};
 
+use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::metrics::{Metrics, RelayMetrics};
 
 pub use amqp::{AmqpPublisher, Broker};
-pub use config::{RelayArgs, RelayConfig};
+pub use config::{MetricsListen, RelayArgs, RelayConfig};
 pub use leases::{GrpcLeases, Leases};
 pub use publisher::{Delivery, Publisher};
 pub use worker::{ServerLink, Settings, Worker};
 
+/// Binds the metrics listener (nothing for `off`). Called before anything
+/// connects, so a taken port is a configuration error, reported as one: the
+/// message names `--metrics-listen` and says what to do.
+pub async fn bind_metrics(listen: &MetricsListen) -> Result<Option<TcpListener>, String> {
+    match listen {
+        MetricsListen::Off => Ok(None),
+        MetricsListen::At(addr) => addr.bind("--metrics-listen").await.map(Some),
+    }
+}
+
 /// Runs `concurrency` slots until `stop`, then gives in-flight batches until the
 /// drain timeout to publish and settle. What is left then expires with its lease.
-pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result<()> {
+/// `metrics_listener` comes from [`bind_metrics`].
+pub async fn run(
+    config: RelayConfig,
+    metrics_listener: Option<TcpListener>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let leases = GrpcLeases::connect_lazy(&config.server).map_err(anyhow::Error::msg)?;
     let metrics = Metrics::new("outbox-relay")?;
-    let metrics_listener = crate::metrics::bind(config.metrics_listen).await?;
+    let metrics_addr = match &metrics_listener {
+        Some(listener) => listener.local_addr()?.to_string(),
+        None => "off".to_owned(),
+    };
     let broker = Broker::new(&config, RelayMetrics::new(&metrics));
     let settings = Arc::new(Settings {
         outbox: config.outbox.clone(),
@@ -40,11 +59,13 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
     let server = Arc::new(ServerLink::default());
     let tasks = TaskTracker::new();
     let metrics_stop = CancellationToken::new();
-    let endpoint = tokio::spawn(crate::metrics::serve(
-        metrics_listener,
-        metrics.clone(),
-        metrics_stop.clone(),
-    ));
+    let endpoint = metrics_listener.map(|listener| {
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            metrics.clone(),
+            metrics_stop.clone(),
+        ))
+    });
     for _ in 0..config.concurrency {
         let worker = Worker::new(
             leases.clone(),
@@ -63,6 +84,8 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         concurrency = config.concurrency,
         claim_ahead = config.claim_ahead,
         ack_with_claim = config.ack_with_claim,
+        bind_queue = config.bind_queue.as_deref(),
+        metrics = %metrics_addr,
         "relaying"
     );
     stop.cancelled().await;
@@ -74,7 +97,9 @@ pub async fn run(config: RelayConfig, stop: CancellationToken) -> anyhow::Result
         tracing::warn!("drain timed out; unfinished batches are left to lease expiry");
     }
     metrics_stop.cancel();
-    let _ = endpoint.await;
+    if let Some(endpoint) = endpoint {
+        let _ = endpoint.await;
+    }
     metrics.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }

@@ -359,7 +359,7 @@ def test_chart_reaches_every_flag(render):
     (a new flag without a value fails here)."""
     server_seen, relay_seen = set(), set()
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
-                "config": {"workerId": "w", "noDeclare": True}}
+                "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on}]:
         r = render(values)
         server_seen |= set(r.configmap()["data"]) | set(_env(_containers(r.server())[0]))
@@ -429,7 +429,7 @@ def test_all_options(render):
     assert relay_env["OUTBOX_RELAY_CLAIM_AHEAD"] == "false"
     assert relay_env["OUTBOX_RELAY_ACK_WITH_CLAIM"] == "false"
     assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
-    assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9090"
+    assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9091"
 
 
 @pytest.mark.parametrize("values, reason", [

@@ -1,32 +1,91 @@
 //! outbox-relay end to end: real outboxd, real RabbitMQ, the real relay binary.
 //!
-//! These tests run one at a time (they share the broker, and one of them closes
-//! every connection on it), each with its own database, exchange and queue.
-//! They print what they measured (duplicates), so `--nocapture` shows it.
+//! The tests that use the broker run one at a time (they share it), each with
+//! its own database, exchange and queue; the one that takes the broker away
+//! cuts only the relay's connection, through a proxy of its own, and checks
+//! that another client's connection survives. They print what they measured
+//! (duplicates), so `--nocapture` shows it.
 #![allow(clippy::print_stdout)]
 
 mod rabbit;
 
-use std::{collections::HashMap, process::Stdio, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex as StdMutex, PoisonError},
+    time::Duration,
+};
 
-use rabbit::{AMQP_URL, Rabbit, Received};
+use rabbit::{AMQP_URL, Bystander, Rabbit, Received};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
     process::{Child, Command},
     sync::Mutex,
+    task::JoinHandle,
 };
 use uuid::Uuid;
 
-use crate::support::{TestApp, secs, wait_until};
+use crate::support::{Proxy, TestApp, secs, wait_until};
 
-/// Relay tests take the broker in turns.
+/// Relay tests that use the broker take it in turns.
 static BROKER: Mutex<()> = Mutex::const_new(());
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// The relay binary as a child process, killed if the test drops it.
-struct Relay(Child);
+/// The relay binary as a child process, killed if the test drops it, with
+/// what it writes (log lines go to stdout, start-up errors to stderr)
+/// collected as it comes, so the pipes never fill up.
+struct Relay {
+    child: Child,
+    output: Arc<StdMutex<Vec<String>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// The relay's command line with the test defaults, to add flags to.
+fn relay_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.args(["--wait", "1s", "--drain-timeout", "10s"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A line as written, without the terminal colours of text logs.
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, then a final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn collect(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    into: Arc<StdMutex<Vec<String>>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            into.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(plain(&line));
+        }
+    })
+}
 
 impl Relay {
     fn start(app: &TestApp, rabbit: &Rabbit, extra: &[&str]) -> Self {
@@ -39,52 +98,158 @@ impl Relay {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["--server", &format!("http://{}", app.addr)])
-            .args([
-                "--amqp-url",
-                AMQP_URL,
-                "--exchange",
-                &rabbit.exchange,
-                "--no-declare",
-            ])
-            .args([
-                "--wait",
-                "1s",
-                "--drain-timeout",
-                "10s",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn outbox-relay");
-        Self(child)
+        Self::start_via(app, rabbit, AMQP_URL, extra, env)
+    }
+
+    /// A relay for `app` publishing over `amqp_url` to `rabbit`'s exchange
+    /// with `--no-declare`, unless `extra` names an `--exchange` (which the
+    /// relay then declares), and with metrics on a free port unless `extra`
+    /// sets `--metrics-listen`.
+    fn start_via(
+        app: &TestApp,
+        rabbit: &Rabbit,
+        amqp_url: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &format!("http://{}", app.addr)])
+            .args(["--amqp-url", amqp_url]);
+        if !extra.contains(&"--exchange") {
+            cmd.args(["--exchange", &rabbit.exchange, "--no-declare"]);
+        }
+        if !extra.contains(&"--metrics-listen") {
+            cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
+        cmd.args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.spawn().expect("spawn outbox-relay");
+        let output = Arc::new(StdMutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("the relay's stdout is piped");
+        let stderr = child.stderr.take().expect("the relay's stderr is piped");
+        let readers = vec![
+            collect(stdout, Arc::clone(&output)),
+            collect(stderr, Arc::clone(&output)),
+        ];
+        Self {
+            child,
+            output,
+            readers,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("the relay is running")
+    }
+
+    /// What the relay wrote so far, line by line.
+    fn lines(&self) -> Vec<String> {
+        self.output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits until the relay has written a line that `matches`, and returns it.
+    async fn line(&self, limit: Duration, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        wait_until(limit, what, async || {
+            self.lines().iter().any(|l| matches(l))
+        })
+        .await;
+        self.lines()
+            .into_iter()
+            .find(|l| matches(l))
+            .unwrap_or_default()
     }
 
     /// SIGKILL: no chance to ack what it published.
     async fn kill9(mut self) {
-        self.0.kill().await.expect("kill -9 the relay");
+        self.child.kill().await.expect("kill -9 the relay");
     }
 
     /// SIGTERM, then the exit status.
-    async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.0.id().expect("the relay is running");
+    async fn terminate(self) -> ExitStatus {
+        self.terminate_with_output().await.0
+    }
+
+    /// SIGTERM, then the exit status and everything the relay wrote.
+    async fn terminate_with_output(self) -> (ExitStatus, Vec<String>) {
         let sent = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args(["-TERM", &self.pid().to_string()])
             .status()
             .await
             .expect("run kill");
         assert!(sent.success(), "SIGTERM delivered");
-        tokio::time::timeout(secs(30), self.0.wait())
-            .await
-            .expect("the relay exits within its drain timeout")
-            .expect("wait for the relay")
+        self.exit_within(secs(30)).await
     }
+
+    /// The exit status once the relay exits by itself, within `limit`, and
+    /// everything it wrote.
+    async fn exit_within(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the relay did not exit within {limit:?}"))
+            .expect("wait for the relay");
+        // The pipes close with the process: the readers end with them.
+        for reader in self.readers.drain(..) {
+            let _ = reader.await;
+        }
+        (status, self.lines())
+    }
+}
+
+/// The TCP ports process `pid` listens on (Linux: its socket inodes in
+/// /proc/PID/fd matched against the LISTEN rows of /proc/PID/net/tcp{,6}).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("read the process's file descriptors")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(rows) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for row in rows.lines().skip(1) {
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, inode is field 9.
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if inodes.contains(*inode)
+                && let Some(port) = local
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+            {
+                ports.push(port);
+            }
+        }
+    }
+    ports
+}
+
+/// A local port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
 }
 
 /// Producer transactions from concurrent tasks; every `rollback_every`-th
@@ -361,28 +526,44 @@ async fn the_relay_recovers_when_the_broker_drops_its_connections() {
     let _turn = BROKER.lock().await;
     let app = TestApp::spawn().await;
     let rabbit = Rabbit::bound("#").await;
-    let relay = Relay::start(&app, &rabbit, &[]);
+    // The relay reaches the broker through a proxy of this test's own: cutting
+    // it drops the relay's connection and nobody else's.
+    let proxy = Proxy::start(rabbit::broker_addr()).await;
+    let bystander = Bystander::connect().await;
+    let relay = Relay::start_via(
+        &app,
+        &rabbit,
+        &rabbit::url_via(proxy.addr()),
+        &[],
+        &[("RUST_LOG", "info".into())],
+    );
     let (mut committed, _) = produce(app.pool(), 2, 10, 100, 0).await;
     wait_until(secs(60), "the relay publishes", async || {
         published(app.pool()).await > 0
     })
     .await;
 
-    let closed = Command::new("rabbitmqctl")
-        .args(["close_all_connections", "outboxd relay test"])
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .expect("run rabbitmqctl");
-    assert!(closed.success(), "rabbitmqctl close_all_connections");
-
+    proxy.cut();
+    relay
+        .line(secs(30), "the relay reports the broker gone", |l| {
+            l.contains("WARN") && l.contains("RabbitMQ unavailable")
+        })
+        .await;
     // Work that can only be published over a new connection.
     let (more, _) = produce(app.pool(), 2, 10, 100, 0).await;
     committed.extend(more);
+    proxy.restore();
     wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
-    assert!(relay.terminate().await.success());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success());
+    let connected = lines
+        .iter()
+        .filter(|l| l.contains("connected to RabbitMQ"))
+        .count();
+    assert_eq!(connected, 2, "connected, lost, connected again: {lines:#?}");
     let counts = tally(&rabbit.drain().await);
     assert_all_arrived(&committed, &counts);
+    bystander.assert_untouched(rabbit.queue()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -407,7 +588,8 @@ async fn unroutable_messages_are_nacked_with_the_reason_and_dead_lettered() {
         },
     )
     .await;
-    assert!(relay.terminate().await.success());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success());
 
     for id in ids {
         let (published, attempts, error): (
@@ -426,7 +608,33 @@ async fn unroutable_messages_are_nacked_with_the_reason_and_dead_lettered() {
             error.contains("NO_ROUTE"),
             "the broker's reason is kept: {error}"
         );
+        // One line each time the broker returned it, with what to look up.
+        let about: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains(&id.to_string()))
+            .collect();
+        assert_eq!(about.len(), 3, "one line per returned message: {about:#?}");
+        for line in about {
+            for part in [
+                "WARN",
+                "unroutable",
+                "nacked for a retry",
+                &format!("exchange={}", nowhere.exchange),
+                "routing_key=test.event",
+                "reply=312 NO_ROUTE",
+            ] {
+                assert!(line.contains(part), "{part:?} missing from {line}");
+            }
+        }
     }
+    let dumps: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("Server returned us a message"))
+        .collect();
+    assert!(
+        dumps.is_empty(),
+        "lapin's dump of each returned message is quiet: {dumps:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -539,4 +747,164 @@ async fn the_published_message_carries_the_producers_trace() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_metrics_off_the_relay_relays_and_listens_on_no_port() {
+    let _turn = BROKER.lock().await;
+    // The check below sees a listener where there is one.
+    let own = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener of the test's own");
+    let own_port = own.local_addr().expect("its address").port();
+    assert!(listening_ports(std::process::id()).contains(&own_port));
+
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let relay = Relay::start(&app, &rabbit, &["--metrics-listen", "off"]);
+    app.insert(3).await;
+    wait_all_delivered(&app, &rabbit, 3, secs(60)).await;
+    assert_eq!(listening_ports(relay.pid()), Vec::<u16>::new());
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_metrics_port_exits_64_naming_the_flag_before_connecting_anywhere() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("take a port");
+    let taken = taken.local_addr().expect("its address");
+    // Stand-ins for outboxd and RabbitMQ that record any connection attempt.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("a stand-in outboxd");
+    let broker = std::net::TcpListener::bind("127.0.0.1:0").expect("a stand-in broker");
+    let server_url = format!("http://{}", server.local_addr().expect("address"));
+    let broker_url = rabbit::url_via(broker.local_addr().expect("address"));
+
+    let by_flag = {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &server_url, "--amqp-url", &broker_url])
+            .args(["--metrics-listen", &taken.to_string()]);
+        Relay::spawn(cmd)
+    };
+    let (status, lines) = by_flag.exit_within(secs(10)).await;
+    assert_eq!(status.code(), Some(64), "{lines:#?}");
+    assert_eq!(lines.len(), 1, "one line: {lines:#?}");
+    assert!(
+        lines[0].contains(&format!("--metrics-listen {taken}"))
+            && lines[0].contains("already in use"),
+        "{}",
+        lines[0]
+    );
+
+    let by_env = {
+        let mut cmd = relay_command();
+        cmd.args(["--server", &server_url, "--amqp-url", &broker_url])
+            .env("OUTBOX_RELAY_METRICS_LISTEN", taken.to_string());
+        Relay::spawn(cmd)
+    };
+    let (status, lines) = by_env.exit_within(secs(10)).await;
+    assert_eq!(status.code(), Some(64), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("OUTBOX_RELAY_METRICS_LISTEN (--metrics-listen)")),
+        "the variable is named: {lines:#?}"
+    );
+
+    for (what, listener) in [("outboxd", &server), ("RabbitMQ", &broker)] {
+        listener.set_nonblocking(true).expect("non-blocking accept");
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the relay connected to {what} before it found its port taken"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bind_queue_makes_an_inserted_event_arrive_in_that_queue() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    // As in the quick start: the relay declares the exchange and the queue.
+    let fresh = Rabbit::undeclared();
+    // With --no-declare: the exchange exists already, the queue does not.
+    let mut existing = Rabbit::unbound().await;
+    existing.queue = Some(existing.exchange.replace("_ex_", "_q_"));
+    for (rabbit, declare) in [(&fresh, true), (&existing, false)] {
+        assert_eq!(
+            rabbit.try_depth().await,
+            None,
+            "the queue is the relay's to declare"
+        );
+        let queue = rabbit.queue();
+        let mut extra = vec!["--bind-queue", queue];
+        if declare {
+            extra.extend(["--exchange", rabbit.exchange.as_str()]);
+        }
+        let relay = Relay::start(&app, rabbit, &extra);
+        let id = Uuid::new_v4();
+        app.insert_event(
+            id,
+            "order-1",
+            "order.created",
+            json!({ "total": 42 }),
+            json!({}),
+        )
+        .await;
+        wait_until(secs(60), "the event is in the bound queue", async || {
+            rabbit.try_depth().await == Some(1)
+        })
+        .await;
+        let (status, lines) = relay.terminate_with_output().await;
+        assert!(status.success(), "{lines:#?}");
+        let got = rabbit.drain().await;
+        assert_eq!(got.len(), 1, "declare {declare}");
+        assert_eq!(got[0].message_id, id.to_string());
+        assert_eq!(got[0].routing_key, "order.created");
+        let payload: serde_json::Value =
+            serde_json::from_slice(&got[0].payload).expect("JSON payload");
+        assert_eq!(payload, json!({ "total": 42 }));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_logs_its_first_failed_broker_connection_at_once() {
+    let password = "s3cret-never-logged";
+    let mut cmd = relay_command();
+    cmd.args(["--server", &format!("http://127.0.0.1:{}", free_port())])
+        .args([
+            "--amqp-url",
+            &format!("amqp://guest:{password}@127.0.0.1:{}/%2f", free_port()),
+        ])
+        .args(["--metrics-listen", "off"])
+        .env("RUST_LOG", "info");
+    let relay = Relay::spawn(cmd);
+    let connecting = relay
+        .line(secs(5), "the first attempt is logged", |l| {
+            l.contains("connecting to RabbitMQ")
+        })
+        .await;
+    assert!(connecting.contains("INFO"), "{connecting}");
+    assert!(
+        connecting.contains("amqp://guest:redacted@127.0.0.1:"),
+        "{connecting}"
+    );
+    let failed = relay
+        .line(secs(5), "the first failure is logged", |l| {
+            l.contains("RabbitMQ unavailable")
+        })
+        .await;
+    assert!(failed.contains("WARN"), "{failed}");
+    assert!(
+        failed.contains("Connection refused"),
+        "the reason: {failed}"
+    );
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+    let leaks: Vec<&String> = lines.iter().filter(|l| l.contains(password)).collect();
+    assert!(leaks.is_empty(), "the password is never logged: {leaks:#?}");
+    let warnings = lines
+        .iter()
+        .filter(|l| l.contains("RabbitMQ") && l.contains("WARN"))
+        .count();
+    assert_eq!(
+        warnings, 1,
+        "retries for the same reason are not news: {lines:#?}"
+    );
 }

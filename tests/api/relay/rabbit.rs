@@ -1,8 +1,9 @@
 //! RabbitMQ for relay tests: a per-test exchange (and queue), read back with
-//! fresh connections (a test may close every connection on the broker), and
-//! deleted when the test ends, failed or not.
+//! fresh connections of the test's own, and deleted when the test ends,
+//! failed or not. Tests that take the broker away from the relay do it with a
+//! proxy of their own (`support::Proxy`), never to the broker's other clients.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use futures::StreamExt;
 use lapin::{
@@ -16,6 +17,16 @@ use lapin::{
 use uuid::Uuid;
 
 pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The broker's address, where a test's proxy forwards to.
+pub fn broker_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 5672))
+}
+
+/// [`AMQP_URL`] with its host and port replaced by `addr` (a proxy's).
+pub fn url_via(addr: SocketAddr) -> String {
+    format!("amqp://guest:guest@{addr}/%2f")
+}
 
 /// One message as a consumer sees it.
 #[derive(Debug, Clone)]
@@ -43,7 +54,59 @@ async fn connect() -> Connection {
         .expect("RabbitMQ at 127.0.0.1:5672 (scripts/test starts it)")
 }
 
+/// A client of the broker that is not the relay: connected before a test
+/// takes the broker away from the relay, it must still be connected after.
+pub struct Bystander(Connection);
+
+impl Bystander {
+    pub async fn connect() -> Self {
+        let properties = ConnectionProperties::default()
+            .with_connection_name("outboxd relay test bystander".into());
+        Self(
+            Connection::connect(AMQP_URL, properties)
+                .await
+                .expect("RabbitMQ at 127.0.0.1:5672 (scripts/test starts it)"),
+        )
+    }
+
+    /// Fails the test unless this connection is still open and usable: a
+    /// passive declare of `queue` answers on it.
+    pub async fn assert_untouched(&self, queue: &str) {
+        assert!(
+            self.0.status().connected(),
+            "the bystander's connection was closed: {:?}",
+            self.0.status()
+        );
+        let ch = self
+            .0
+            .create_channel()
+            .await
+            .expect("a new channel on the bystander's connection");
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("a passive declare on the bystander's connection");
+        let _ = ch.close(200, "bye".into()).await;
+    }
+}
+
 impl Rabbit {
+    /// Names for an exchange and a queue that nobody declared yet (the relay
+    /// will), deleted like any other when the test ends.
+    pub fn undeclared() -> Self {
+        let id = Uuid::new_v4().simple();
+        Self {
+            exchange: format!("outbox_test_ex_{id}"),
+            queue: Some(format!("outbox_test_q_{id}")),
+        }
+    }
+
     /// An exchange with a queue bound to `binding` (`#` takes everything).
     pub async fn bound(binding: &str) -> Self {
         let mut rabbit = Self::unbound().await;
@@ -94,12 +157,19 @@ impl Rabbit {
         }
     }
 
-    fn queue(&self) -> &str {
+    pub fn queue(&self) -> &str {
         self.queue.as_deref().expect("this exchange has a queue")
     }
 
     /// Messages waiting in the queue.
     pub async fn depth(&self) -> u32 {
+        self.try_depth()
+            .await
+            .expect("passive declare of the queue")
+    }
+
+    /// Messages waiting in the queue; `None` while the queue does not exist.
+    pub async fn try_depth(&self) -> Option<u32> {
         let conn = connect().await;
         let ch = conn.create_channel().await.expect("channel");
         let q = ch
@@ -111,10 +181,9 @@ impl Rabbit {
                 },
                 FieldTable::default(),
             )
-            .await
-            .expect("passive declare");
+            .await;
         let _ = conn.close(200, "bye".into()).await;
-        q.message_count()
+        q.ok().map(|q| q.message_count())
     }
 
     /// Consumes everything in the queue; ends once it has been quiet for a moment.

@@ -1,5 +1,6 @@
-//! A TCP proxy between outboxd and PostgreSQL, so a test can take the database
-//! away and give it back without touching the PostgreSQL server other tests share.
+//! A TCP proxy between a process under test and a shared server (outboxd and
+//! PostgreSQL, the relay and RabbitMQ), so a test can take the server away and
+//! give it back without touching the server or its other clients.
 
 use std::{
     net::SocketAddr,
@@ -21,7 +22,7 @@ struct State {
     live: CancellationToken,
 }
 
-/// Forwards `127.0.0.1:<port>` to PostgreSQL until `cut`. Clones control the
+/// Forwards `127.0.0.1:<port>` to the upstream server until `cut`. Clones control the
 /// same proxy; it stops when the last clone goes.
 #[derive(Debug, Clone)]
 pub struct Proxy {
@@ -39,7 +40,7 @@ impl Proxy {
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("bind the database proxy on 127.0.0.1:0");
+            .expect("bind the proxy on 127.0.0.1:0");
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(Mutex::new(State {
             cut: false,
@@ -59,7 +60,8 @@ impl Proxy {
         self.inner.addr
     }
 
-    /// "Database down": closes every live connection and resets new ones.
+    /// "Server down": closes every connection through this proxy and resets
+    /// new ones.
     pub fn cut(&self) {
         let mut state = lock(&self.inner.state);
         state.cut = true;
@@ -67,7 +69,7 @@ impl Proxy {
         state.live = CancellationToken::new();
     }
 
-    /// "Database back": new connections are forwarded again.
+    /// "Server back": new connections are forwarded again.
     pub fn restore(&self) {
         lock(&self.inner.state).cut = false;
     }
@@ -104,7 +106,7 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, state: Arc<Mut
             (!state.cut).then(|| state.live.clone())
         };
         let Some(live) = live else {
-            // A reset, like a database host that is gone.
+            // A reset, like a host that is gone.
             let _ = inbound.set_zero_linger();
             drop(inbound);
             continue;

@@ -1,0 +1,177 @@
+//! Shows what outbox-relay published: waits for `--count` messages on a queue,
+//! prints each as one line (message id, routing key, type, the `x-*` headers
+//! and the JSON body), acks them and exits 0. Exits 1, saying why, when
+//! `--timeout` passes first or the queue does not exist. It never creates the
+//! queue: a mistyped name would make a new one that nothing is bound to, and
+//! the wait would end in a timeout that hides the mistake.
+//!
+//! ```sh
+//! cargo run --release --example consume -- --queue quickstart
+//! ```
+#![allow(clippy::print_stdout)] // Printing the messages is what it is for.
+
+use std::{fmt::Write as _, process::ExitCode, time::Duration};
+
+use clap::Parser;
+use futures::StreamExt;
+use lapin::{
+    Connection, ConnectionProperties, ErrorKind,
+    message::Delivery,
+    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions},
+    protocol::{AMQPErrorKind, AMQPSoftError},
+    types::{AMQPValue, FieldTable},
+};
+use outboxd::relay::config::redact_url;
+use tokio::time::{Instant, timeout_at};
+
+/// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
+#[derive(Debug, Parser)]
+#[command(name = "consume", about, long_about = None)]
+struct Args {
+    /// Queue to read; it must exist (`outbox-relay --bind-queue NAME` declares one).
+    #[arg(long)]
+    queue: String,
+
+    /// RabbitMQ URL. Never printed with its password.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    amqp_url: String,
+
+    /// Messages to wait for.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    count: u32,
+
+    /// How long to wait for all of them (`90s`, `5m`).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    timeout: Duration,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match consume(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(reason) => {
+            eprintln!("consume: {reason}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn consume(args: &Args) -> Result<(), String> {
+    let deadline = Instant::now() + args.timeout;
+    let broker = redact_url(&args.amqp_url);
+    let timed_out = |doing: &str| format!("timed out after {:?} {doing}", args.timeout);
+    let properties =
+        ConnectionProperties::default().with_connection_name("outboxd consume example".into());
+    let conn = timeout_at(deadline, Connection::connect(&args.amqp_url, properties))
+        .await
+        .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
+        .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
+    let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+    let queue = args.queue.as_str();
+    // Passive: only checks that the queue exists (see the module comment).
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::ProtocolError(amqp)
+                if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)) =>
+            {
+                format!(
+                    "queue {queue:?} does not exist on {broker}; start outbox-relay with \
+                     --bind-queue {queue}, or declare it and bind it to the relay's exchange"
+                )
+            }
+            _ => format!("checking queue {queue:?}: {e}"),
+        })?;
+    // No more unacked messages in hand than asked for: the rest stay queued.
+    let prefetch = u16::try_from(args.count).unwrap_or(u16::MAX);
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "outboxd-consume-example".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("consuming from {queue:?}: {e}"))?;
+    let mut received = 0;
+    while received < args.count {
+        let delivery = match timeout_at(deadline, consumer.next()).await {
+            Err(_) => {
+                return Err(timed_out(&format!(
+                    "waiting for {} message(s) on queue {queue:?}: {received} arrived",
+                    args.count
+                )));
+            }
+            Ok(None) => return Err(format!("the broker cancelled the consumer on {queue:?}")),
+            Ok(Some(delivery)) => delivery.map_err(|e| format!("receiving: {e}"))?,
+        };
+        println!("{}", line(&delivery));
+        delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(|e| format!("acking: {e}"))?;
+        received += 1;
+    }
+    let _ = channel.close(200, "done".into()).await;
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// `message_id=… routing_key=… type=… x-…=… body=…`: the body as compact
+/// JSON (as text when it is not JSON), last, since it may hold spaces.
+fn line(delivery: &Delivery) -> String {
+    let p = &delivery.properties;
+    let text = |s: &Option<lapin::types::ShortString>| {
+        s.as_ref().map_or_else(|| "-".to_owned(), |s| s.to_string())
+    };
+    let mut out = format!(
+        "message_id={} routing_key={} type={}",
+        text(p.message_id()),
+        delivery.routing_key,
+        text(p.kind()),
+    );
+    if let Some(headers) = p.headers() {
+        for (key, value) in headers.inner() {
+            if key.as_str().starts_with("x-") {
+                let _ = write!(out, " {key}={}", header(value));
+            }
+        }
+    }
+    let body = serde_json::from_slice::<serde_json::Value>(&delivery.data).map_or_else(
+        |_| String::from_utf8_lossy(&delivery.data).into_owned(),
+        |json| json.to_string(),
+    );
+    let _ = write!(out, " body={body}");
+    out
+}
+
+fn header(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => s.to_string(),
+        AMQPValue::ShortString(s) => s.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
