@@ -95,9 +95,11 @@ async fn a_shorter_client_deadline_ends_the_statement_when_the_client_gives_up()
     assert!(started.elapsed() < secs(5), "{:?}", started.elapsed());
 
     // The lock is still held: only a cancelled statement stops waiting for it.
-    wait_until(secs(10), "outboxd's claim statement is cancelled", async || {
-        waiting_claims(&app).await == 0
-    })
+    wait_until(
+        secs(10),
+        "outboxd's claim statement is cancelled",
+        async || waiting_claims(&app).await == 0,
+    )
     .await;
     lock.rollback().await.expect("release the lock");
     let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;

@@ -6,7 +6,7 @@
 //! the wait would end in a timeout that hides the mistake.
 //!
 //! ```sh
-//! cargo run --release --example consume -- --queue quickstart
+//! cargo run --release --bin outbox-consume -- --queue quickstart
 //! ```
 #![allow(clippy::print_stdout)] // Printing the messages is what it is for.
 
@@ -26,7 +26,7 @@ use tokio::time::{Instant, timeout_at};
 
 /// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
 #[derive(Debug, Parser)]
-#[command(name = "consume", about, long_about = None)]
+#[command(name = "outbox-consume", version, about, long_about = None)]
 struct Args {
     /// Queue to read; it must exist (`outbox-relay --bind-queue NAME` declares one).
     #[arg(long)]
@@ -57,7 +57,7 @@ async fn main() -> ExitCode {
     match consume(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(reason) => {
-            eprintln!("consume: {reason}");
+            eprintln!("outbox-consume: {reason}");
             ExitCode::FAILURE
         }
     }
@@ -67,8 +67,7 @@ async fn consume(args: &Args) -> Result<(), String> {
     let deadline = Instant::now() + args.timeout;
     let broker = redact_url(&args.amqp_url);
     let timed_out = |doing: &str| format!("timed out after {:?} {doing}", args.timeout);
-    let properties =
-        ConnectionProperties::default().with_connection_name("outboxd consume example".into());
+    let properties = ConnectionProperties::default().with_connection_name("outbox-consume".into());
     let conn = timeout_at(deadline, Connection::connect(&args.amqp_url, properties))
         .await
         .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
@@ -106,7 +105,7 @@ async fn consume(args: &Args) -> Result<(), String> {
     let mut consumer = channel
         .basic_consume(
             queue.into(),
-            "outboxd-consume-example".into(),
+            "outbox-consume".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
