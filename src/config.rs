@@ -140,55 +140,60 @@ fn config_exit() -> std::process::ExitCode {
 /// Only the form is checked while parsing; resolving waits for the bind, so a
 /// bad value is still refused before anything connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenAddr {
-    host: String,
-    port: u16,
+pub enum ListenAddr {
+    /// Kept whole, so an IPv6 scope id survives.
+    Ip(std::net::SocketAddr),
+    Name {
+        host: String,
+        port: u16,
+    },
 }
 
 impl ListenAddr {
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Self {
-            host: host.into(),
-            port,
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::Ip(addr) => addr.port(),
+            Self::Name { port, .. } => *port,
         }
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Binds the first address the host resolves to that accepts the bind.
-    /// The error names `what` (the flag, and its environment variable) and,
-    /// for a port in use, says what to do.
+    /// Binds the address, or the first address a name resolves to that
+    /// accepts the bind. A port in use ends the search there: listening on
+    /// another address of the name instead (`::1` for a taken 127.0.0.1)
+    /// would hide the clash. The error names `what` (the flag, and its
+    /// environment variable) and, for a port in use, says what to do.
     pub async fn bind(&self, what: &str) -> Result<tokio::net::TcpListener, String> {
-        let target = (self.host.trim_matches(['[', ']']), self.port);
-        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(target)
-            .await
-            .map_err(|e| format!("{what} {self}: cannot resolve {:?}: {e}", self.host))?
-            .collect();
+        let addrs: Vec<std::net::SocketAddr> = match self {
+            Self::Ip(addr) => vec![*addr],
+            Self::Name { host, port } => tokio::net::lookup_host((host.as_str(), *port))
+                .await
+                .map_err(|e| format!("{what} {self}: cannot resolve {host:?}: {e}"))?
+                .collect(),
+        };
         let mut last = None;
-        for addr in &addrs {
+        for addr in addrs {
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(listener) => return Ok(listener),
+                Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {
+                    return Err(format!(
+                        "{what} {self}: address {addr} already in use (is another outboxd or relay running?); choose another port"
+                    ));
+                }
                 Err(err) => last = Some((addr, err)),
             }
         }
         Err(match last {
-            Some((addr, err)) if err.kind() == std::io::ErrorKind::AddrInUse => format!(
-                "{what} {self}: address {addr} already in use (is another outboxd or relay running?); choose another port"
-            ),
             Some((addr, err)) => format!("{what} {self}: cannot listen on {addr}: {err}"),
-            None => format!("{what} {self}: {:?} resolves to no address", self.host),
+            None => format!("{what} {self}: the name resolves to no address"),
         })
     }
 }
 
 impl std::fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') && !self.host.starts_with('[') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
+        match self {
+            Self::Ip(addr) => write!(f, "{addr}"),
+            Self::Name { host, port } => write!(f, "{host}:{port}"),
         }
     }
 }
@@ -198,7 +203,7 @@ impl FromStr for ListenAddr {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Ok(addr) = s.parse::<std::net::SocketAddr>() {
-            return Ok(Self::new(addr.ip().to_string(), addr.port()));
+            return Ok(Self::Ip(addr));
         }
         let (host, port) = s.rsplit_once(':').ok_or_else(|| {
             format!("{s:?} is not HOST:PORT (for example 0.0.0.0:50051 or localhost:50051)")
@@ -206,9 +211,11 @@ impl FromStr for ListenAddr {
         let port: u16 = port
             .parse()
             .map_err(|_| format!("{s:?}: port {port:?} is not a number from 0 to 65535"))?;
-        let valid_name = !host.is_empty()
-            && host.len() <= 253
-            && host.split('.').all(|label| {
+        // A fully qualified name may end in a dot.
+        let name = host.strip_suffix('.').unwrap_or(host);
+        let valid_name = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
                 !label.is_empty()
                     && label.len() <= 63
                     && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
@@ -218,7 +225,10 @@ impl FromStr for ListenAddr {
                 "{s:?}: {host:?} is neither an IP address nor a host name (IPv6 goes in brackets: [::1]:50051)"
             ));
         }
-        Ok(Self::new(host, port))
+        Ok(Self::Name {
+            host: host.to_owned(),
+            port,
+        })
     }
 }
 
@@ -679,6 +689,8 @@ mod tests {
             ("0.0.0.0:50051", "0.0.0.0:50051"),
             ("[::1]:9090", "[::1]:9090"),
             ("localhost:0", "localhost:0"),
+            ("localhost.:0", "localhost.:0"),
+            ("[fe80::1%2]:5", "[fe80::1%2]:5"),
             ("outboxd.default.svc:50051", "outboxd.default.svc:50051"),
         ] {
             let addr: ListenAddr = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));

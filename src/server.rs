@@ -47,18 +47,22 @@ pub enum StartError {
     /// timeout, or lacks a table outboxd may not create: no retry will help.
     #[error("{0}")]
     Database(String),
+    /// SIGTERM or SIGINT before start-up finished.
+    #[error("stopped by a signal before start-up finished")]
+    Interrupted,
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
 
 impl StartError {
     /// 64 (EX_USAGE) for a listen address, 69 (EX_UNAVAILABLE) for the
-    /// database, 1 otherwise.
+    /// database, 1 otherwise. An interrupted start is the caller's to judge:
+    /// the server was asked to stop (0), a migration did not finish (1).
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Listen(_) => crate::config::EXIT_CONFIG as u8,
             Self::Database(_) => EXIT_DATABASE,
-            Self::Other(_) => 1,
+            Self::Interrupted | Self::Other(_) => 1,
         }
     }
 }
@@ -70,7 +74,7 @@ pub const EXIT_DATABASE: u8 = 69;
 impl From<ConnectError> for StartError {
     fn from(err: ConnectError) -> Self {
         match err {
-            ConnectError::Cancelled => Self::Other(err.into()),
+            ConnectError::Cancelled => Self::Interrupted,
             other => Self::Database(other.to_string()),
         }
     }
@@ -93,9 +97,10 @@ async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartE
     // A replica waits here while another migrates (sqlx's advisory lock), and
     // a migration may build an index: neither is bounded by the statement
     // timeout, so migrations get a connection of their own without it.
-    let options = (*pool.connect_options())
-        .clone()
-        .options([("statement_timeout", "0"), ("lock_timeout", "0")]);
+    let options = (*pool.connect_options()).clone().options([
+        ("statement_timeout", "0"),
+        ("lock_timeout", DDL_LOCK_TIMEOUT),
+    ]);
     let ddl = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy_with(options);
@@ -103,7 +108,10 @@ async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartE
     ddl.close().await;
     match result {
         Ok(()) => Ok(()),
-        Err(sqlx::migrate::MigrateError::Execute(err)) => Err(start_store_error(
+        Err(
+            sqlx::migrate::MigrateError::Execute(err)
+            | sqlx::migrate::MigrateError::ExecuteMigration(err, _),
+        ) => Err(start_store_error(
             db,
             "running migrations",
             StoreError::from(err),
@@ -114,13 +122,24 @@ async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartE
     }
 }
 
+/// How long migrations and table adoption wait for any one lock (another
+/// replica migrating, a long transaction ahead of an index build) before
+/// start-up fails saying so, instead of waiting for ever.
+pub const DDL_LOCK_TIMEOUT: &str = "5min";
+
 /// `outboxd migrate`: migrations under sqlx's advisory lock, then table adoption.
 pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> Result<(), StartError> {
     let pool = store::connect(&db.connect_settings(Some(MIGRATE_START_TIMEOUT)), cancel).await?;
-    run_migrations(db, &pool).await?;
-    PgStore::open(pool.clone(), &db.outboxes, AdoptMode::Create)
-        .await
-        .map_err(|e| start_store_error(db, "adopting outbox tables", e))?;
+    let work = async {
+        run_migrations(db, &pool).await?;
+        PgStore::open(pool.clone(), &db.outboxes, AdoptMode::Create)
+            .await
+            .map_err(|e| start_store_error(db, "adopting outbox tables", e))
+    };
+    tokio::select! {
+        done = work => { done?; }
+        () = cancel.cancelled() => return Err(StartError::Interrupted),
+    }
     pool.close().await;
     tracing::info!(outboxes = db.outboxes.len(), "migrations applied");
     Ok(())
@@ -152,15 +171,21 @@ impl Server {
             .map_err(StartError::Listen)?;
         let db = &config.database;
         let pool = store::connect(&db.connect_settings(None), cancel).await?;
-        let mode = if config.migrate {
-            run_migrations(db, &pool).await?;
-            AdoptMode::Create
-        } else {
-            AdoptMode::Verify
+        let prepare = async {
+            let mode = if config.migrate {
+                run_migrations(db, &pool).await?;
+                AdoptMode::Create
+            } else {
+                AdoptMode::Verify
+            };
+            PgStore::open(pool.clone(), &db.outboxes, mode)
+                .await
+                .map_err(|e| start_store_error(db, "preparing outbox tables", e))
         };
-        let store = PgStore::open(pool, &db.outboxes, mode)
-            .await
-            .map_err(|e| start_store_error(db, "preparing outbox tables", e))?;
+        let store = tokio::select! {
+            store = prepare => store?,
+            () = cancel.cancelled() => return Err(StartError::Interrupted),
+        };
         let notifications = wakeup::connect(&store)
             .await
             .context("listening for outbox notifications")?;

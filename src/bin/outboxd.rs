@@ -46,6 +46,11 @@ async fn main() -> ExitCode {
             };
             let code = match server::Server::build(config, &cancel).await {
                 Ok(server) => report(server.serve(cancel).await),
+                // Asked to stop before serving: a clean stop, like one after.
+                Err(server::StartError::Interrupted) => {
+                    tracing::info!("stopped before start-up finished");
+                    ExitCode::SUCCESS
+                }
                 Err(err) => start_failed(&err),
             };
             telemetry.shutdown(FLUSH_DEADLINE).await;

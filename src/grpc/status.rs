@@ -23,7 +23,13 @@ impl From<Error> for Status {
                 tracing::warn!(error = %cause, "storage unavailable");
                 Status::unavailable("database unavailable; retry with backoff")
             }
-            Error::Store(err @ (StoreError::Schema(_) | StoreError::Refused(_))) => {
+            Error::Store(StoreError::Refused(cause)) => {
+                // A rotated password or a revoked grant: the operator's to
+                // fix, and the hint is for them, not for the client.
+                tracing::error!(error = %cause, "the database refuses outboxd");
+                Status::unavailable("database unavailable; retry with backoff")
+            }
+            Error::Store(err @ StoreError::Schema(_)) => {
                 tracing::error!(error = %err, "outbox table is not usable");
                 Status::failed_precondition(err.to_string())
             }

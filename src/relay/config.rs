@@ -345,7 +345,7 @@ mod tests {
         assert!(config.ack_with_claim);
         assert_eq!(
             config.metrics_listen,
-            MetricsListen::At(ListenAddr::new("0.0.0.0", 9091)),
+            MetricsListen::At("0.0.0.0:9091".parse().expect("addr")),
             "not outboxd's 9090"
         );
         assert_eq!(config.bind_queue, None);
@@ -382,12 +382,12 @@ mod tests {
         let named = relay(&["--metrics-listen", "localhost:9191"]).expect("valid");
         assert_eq!(
             named.metrics_listen,
-            MetricsListen::At(ListenAddr::new("localhost", 9191))
+            MetricsListen::At("localhost:9191".parse().expect("addr"))
         );
         let v6 = relay(&["--metrics-listen", "[::1]:9191"]).expect("valid");
         assert_eq!(
             v6.metrics_listen,
-            MetricsListen::At(ListenAddr::new("::1", 9191))
+            MetricsListen::At("[::1]:9191".parse().expect("addr"))
         );
         for bad in ["9091", "Off", "localhost", "host:99999", "bad host:1"] {
             let err = relay(&["--metrics-listen", bad]).expect_err(bad);

@@ -92,11 +92,15 @@ pub(crate) async fn adopt(
     let mut conn = pool.acquire().await?;
     // DDL on a large table (an index built concurrently, a rewrite adding
     // `seq`) runs longer than any RPC's statement: no statement timeout here,
-    // and the connection is closed afterwards rather than pooled without one.
+    // lock waits bounded by the DDL limit, and the connection is closed
+    // afterwards rather than pooled with these settings.
     conn.close_on_drop();
-    sqlx::query("SET statement_timeout = 0")
-        .execute(&mut *conn)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET statement_timeout = 0; SET lock_timeout = '{}'",
+        crate::server::DDL_LOCK_TIMEOUT
+    )))
+    .execute(&mut *conn)
+    .await?;
     if mode == AdoptMode::Create {
         lock_adoption(&mut conn).await?;
     }

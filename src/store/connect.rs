@@ -71,23 +71,44 @@ pub async fn connect(
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
     let mut last_cause: Option<String> = None;
-    let version: u32;
+    let mut pool: Option<PgPool> = None;
     loop {
-        let attempt = tokio::time::timeout(settings.acquire_timeout, options.connect()).await;
-        let failure = match attempt {
-            Ok(Ok(conn)) => {
-                version = conn.server_version_num().unwrap_or(0);
-                let _ = sqlx::Connection::close(conn).await;
-                if last_cause.is_some() {
-                    tracing::info!(database = %settings.display_url, "database reachable again");
+        let failure = match reach(&options, settings.acquire_timeout).await {
+            Ok(version) => {
+                // The pool's own first connection, with the settings the
+                // server version allows, is sorted the same way: the database
+                // may refuse or fill up between the probe and it.
+                let pool = pool.get_or_insert_with(|| {
+                    PgPoolOptions::new()
+                        .max_connections(settings.max_connections)
+                        .acquire_timeout(settings.acquire_timeout)
+                        // A broken connection fails one statement with
+                        // UNAVAILABLE and is dropped; pinging before every
+                        // statement would double round trips.
+                        .test_before_acquire(false)
+                        .connect_lazy_with(session_options(
+                            &settings.options,
+                            settings.statement_timeout,
+                            version,
+                        ))
+                });
+                match pool.acquire().await {
+                    Ok(conn) => {
+                        drop(conn);
+                        if last_cause.is_some() {
+                            tracing::info!(database = %settings.display_url, "database reachable again");
+                        }
+                        tracing::info!(database = %settings.display_url, "connected to database");
+                        return Ok(pool.clone());
+                    }
+                    Err(sqlx::Error::PoolTimedOut) => Attempt::Transient(format!(
+                        "no pooled connection within {}",
+                        humantime::format_duration(settings.acquire_timeout)
+                    )),
+                    Err(err) => classify(&err),
                 }
-                break;
             }
-            Ok(Err(err)) => classify(&err),
-            Err(_) => Attempt::Transient(format!(
-                "no answer within {}",
-                humantime::format_duration(settings.acquire_timeout)
-            )),
+            Err(attempt) => attempt,
         };
         let cause = match failure {
             Attempt::Refused(reason) => {
@@ -129,18 +150,23 @@ pub async fn connect(
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-    tracing::info!(database = %settings.display_url, "connected to database");
-    Ok(PgPoolOptions::new()
-        .max_connections(settings.max_connections)
-        .acquire_timeout(settings.acquire_timeout)
-        // A broken connection fails one statement with UNAVAILABLE and is
-        // dropped; pinging before every statement would double round trips.
-        .test_before_acquire(false)
-        .connect_lazy_with(session_options(
-            &settings.options,
-            settings.statement_timeout,
-            version,
-        )))
+}
+
+/// One connection of outboxd's own, closed at once: the server's version, or
+/// why there is none.
+async fn reach(options: &PgConnectOptions, within: Duration) -> Result<u32, Attempt> {
+    match tokio::time::timeout(within, options.connect()).await {
+        Ok(Ok(conn)) => {
+            let version = conn.server_version_num().unwrap_or(0);
+            let _ = sqlx::Connection::close(conn).await;
+            Ok(version)
+        }
+        Ok(Err(err)) => Err(classify(&err)),
+        Err(_) => Err(Attempt::Transient(format!(
+            "no answer within {}",
+            humantime::format_duration(within)
+        ))),
+    }
 }
 
 /// outboxd's session settings, sent as connection options.
@@ -187,6 +213,13 @@ fn classify(err: &sqlx::Error) -> Attempt {
             let code = db.code().unwrap_or_default();
             if is_refusal(&code) {
                 Attempt::Refused(refusal(&code, db.message()))
+            } else if code == "08P01" {
+                // A protocol violation at log-in is how PgBouncer says "no
+                // such database" or "no such user": waiting will not help.
+                Attempt::Refused(format!(
+                    "{} (SQLSTATE 08P01); check the database name and user in DATABASE_URL",
+                    db.message()
+                ))
             } else if is_transient(&code) || code.starts_with("57") {
                 Attempt::Transient(format!("{} (SQLSTATE {code})", db.message()))
             } else {
@@ -198,6 +231,12 @@ fn classify(err: &sqlx::Error) -> Attempt {
             "TLS: {err}; check sslmode and the certificates in DATABASE_URL"
         )),
         sqlx::Error::Configuration(err) => Attempt::Refused(format!("{err}")),
+        // rustls reports a certificate it does not trust as I/O: invalid data.
+        sqlx::Error::Io(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+            Attempt::Refused(format!(
+                "TLS: {err}; check sslmode, sslrootcert and the server's certificate in DATABASE_URL"
+            ))
+        }
         sqlx::Error::Io(err) => Attempt::Transient(io_cause(err)),
         other => Attempt::Transient(other.to_string()),
     }
@@ -220,6 +259,18 @@ mod tests {
         match classify(&sqlx::Error::Io(io)) {
             Attempt::Transient(cause) => assert_eq!(cause, "connection refused"),
             Attempt::Refused(reason) => panic!("refused: {reason}"),
+        }
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_a_refusal_with_a_tls_hint() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        match classify(&sqlx::Error::Io(io)) {
+            Attempt::Refused(reason) => assert!(reason.contains("sslmode"), "{reason}"),
+            Attempt::Transient(cause) => panic!("retried: {cause}"),
         }
     }
 }

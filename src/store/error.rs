@@ -71,7 +71,7 @@ pub(crate) fn refusal(code: &str, message: &str) -> String {
             "create the schema (CREATE SCHEMA), or fix the table named in --outbox / OUTBOXD_OUTBOXES"
         }
         "42501" => {
-            "grant the role the privilege, or run `outboxd migrate` as a role that owns the tables"
+            "grant the role the privilege, or run `outboxd migrate` as a role that owns the tables and start outboxd with --no-migrate"
         }
         "28P01" => "check the password in DATABASE_URL",
         _ => "check the user and password in DATABASE_URL and the server's pg_hba.conf",

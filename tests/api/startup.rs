@@ -88,7 +88,12 @@ async fn a_database_that_does_not_exist_exits_69_and_says_to_create_it() {
         assert_exit(
             &output,
             69,
-            &[&missing, "postgres", "3D000", "create the database"],
+            &[
+                &missing,
+                r#"as role \"postgres\""#,
+                "3D000",
+                "create the database",
+            ],
         );
     }
 }
@@ -112,6 +117,23 @@ async fn a_role_that_does_not_exist_exits_69_and_says_what_to_check() {
     );
     // The server answered: no retry, so no "retrying" line before it.
     assert!(!said(&output).contains("retrying"), "{}", said(&output));
+}
+
+#[tokio::test]
+async fn a_role_without_the_privilege_to_migrate_exits_69_and_says_what_to_do() {
+    let db = TestDb::create().await;
+    let role = format!("{}_nopriv", db.name);
+    db.execute(&format!(
+        "CREATE ROLE \"{role}\" LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+    ))
+    .await;
+    let url = with_user(&db.url(), &role);
+    let mut args = vec!["--database-url", &url];
+    args.extend(LOCAL);
+    let output = outboxd(&args, &[]).await;
+    // The role is the cluster's, not the database's: gone before asserting.
+    db.execute(&format!("DROP ROLE \"{role}\"")).await;
+    assert_exit(&output, 69, &[&db.name, &role, "42501", "--no-migrate"]);
 }
 
 #[tokio::test]
@@ -254,4 +276,32 @@ async fn a_host_name_is_accepted_as_listen_address() {
     app.insert(1).await;
     let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
     assert_eq!(batch.messages.len(), 1);
+}
+
+#[tokio::test]
+async fn sigterm_while_waiting_for_the_database_exits_0() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let log = std::env::temp_dir().join(format!("outboxd-startup-{}.log", uuid::Uuid::new_v4()));
+    let file = std::fs::File::create(&log).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["--database-url", &url])
+        .args(LOCAL)
+        .env("RUST_LOG", "info")
+        .stdout(file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn outboxd");
+    crate::support::wait_until(secs(20), "outboxd waits for the database", async || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("retrying"))
+    })
+    .await;
+    let pid = child.id().expect("running").to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().await;
+    assert!(sent.is_ok_and(|s| s.success()), "SIGTERM delivered");
+    let status = within(secs(20), "outboxd stops", child.wait())
+        .await
+        .expect("wait for outboxd");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(status.code(), Some(0), "{text}");
 }
