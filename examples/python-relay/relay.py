@@ -422,6 +422,9 @@ class Leases(Protocol):
     def extend(self, request: pb.ExtendLeaseRequest) -> pb.ExtendLeaseResponse: ...
 
 
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
 class GrpcLeases:
     """outboxd over gRPC. One channel for every slot: it is thread-safe and
     reconnects by itself; every call carries a deadline, so a silently dead
@@ -436,6 +439,10 @@ class GrpcLeases:
             # within the relay's cap so a restarted outboxd is found promptly.
             ("grpc.initial_reconnect_backoff_ms", int(RETRY.base * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(RETRY.cap * 1000)),
+            # outboxd keeps a claim within --max-claim-bytes (3 MiB) but hands
+            # out one larger event alone, up to --max-message-bytes (8 MiB by
+            # default): gRPC's default 4 MiB would refuse that claim.
+            ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
         ]
         if secure:
             self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(), options)

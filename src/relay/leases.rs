@@ -44,6 +44,14 @@ pub struct GrpcLeases {
     call_timeout: Duration,
 }
 
+/// The largest response the relay accepts. outboxd keeps a claim within
+/// `--max-claim-bytes` (3 MiB) but hands out one larger event alone, up to
+/// `--max-message-bytes` (8 MiB by default); gRPC's default limit of 4 MiB
+/// would refuse that claim and leave the event to expire and be redelivered
+/// until it is dead-lettered. This bound leaves room to raise the server's
+/// limit without touching the relays.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
 impl GrpcLeases {
     pub fn connect_lazy(server: &str) -> Result<Self, String> {
         let channel = Channel::from_shared(server.to_owned())
@@ -55,7 +63,7 @@ impl GrpcLeases {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            client: OutboxServiceClient::new(channel),
+            client: OutboxServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES),
             call_timeout: Duration::from_secs(10),
         })
     }

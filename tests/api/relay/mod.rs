@@ -908,3 +908,29 @@ async fn the_relay_logs_its_first_failed_broker_connection_at_once() {
         "retries for the same reason are not news: {lines:#?}"
     );
 }
+
+/// An event over the claim's byte budget but under the message limit goes out
+/// alone; the relay must accept a response that large (gRPC's default is 4 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_an_event_larger_than_grpcs_default_limit() {
+    let _turn = BROKER.lock().await;
+    let app = TestApp::spawn().await;
+    let rabbit = Rabbit::bound("#").await;
+    let big = Uuid::new_v4();
+    app.insert_event(
+        big,
+        "agg",
+        "test.big",
+        json!({ "pad": "x".repeat(5 * 1024 * 1024) }),
+        json!({}),
+    )
+    .await;
+    let mut committed = vec![big];
+    committed.extend(app.insert(3).await);
+    let relay = Relay::start(&app, &rabbit, &[]);
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(60)).await;
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+    assert_all_arrived(&committed, &tally(&rabbit.drain().await));
+    assert_eq!(app.stats().await.dead_lettered, 0);
+}
