@@ -332,14 +332,17 @@ def test_every_config_value_maps_to_one_env_var(render):
         assert len(found) == 1, f"config.{key}: its comment must name one variable"
         names[key] = found[0]
     assert len(set(names.values())) == len(names), "two values set the same variable"
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
     changed = {}
     for key, value in defaults.items():
         if key == "outboxes":
             changed[key] = [{"name": "a", "table": "s.t"}]
         elif isinstance(value, str) and re.fullmatch(r"\d+(ms|s|m|h|d)", value):
             changed[key] = "7" + value  # still a duration, and different
+        elif value == "" and "ms|s|m|h" in schema[key].get("pattern", ""):
+            changed[key] = "90s"  # a duration the chart leaves to outboxd by default
         elif isinstance(value, (int, float)):
-            changed[key] = 0.5 if key == "backoffJitter" else 3
+            changed[key] = {"backoffJitter": 0.5, "maxClaimBytes": 2048, "maxMessageBytes": 4096}.get(key, 3)
         else:
             changed[key] = {"logFormat": "text"}.get(key, "debug")
     base = render("default").configmap()["data"]
@@ -351,7 +354,8 @@ def test_every_config_value_maps_to_one_env_var(render):
         assert data[name] == expected, key
     # An empty string leaves each variable to outboxd's default.
     emptied = render({"config": {k: "" for k in defaults if k != "outboxes"}}).configmap()["data"]
-    assert set(base) - set(emptied) == set(names.values()) - {"OUTBOXD_OUTBOXES"}
+    assert set(base) - set(emptied) == {names[k] for k, v in defaults.items() if k != "outboxes" and v != ""}
+    assert not {names[k] for k, v in defaults.items() if v == ""} & set(base), "an empty default sets nothing"
 
 
 def test_chart_reaches_every_flag(render):
@@ -360,13 +364,72 @@ def test_chart_reaches_every_flag(render):
     server_seen, relay_seen = set(), set()
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
-    for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on}]:
+    # Values whose default ("") leaves the variable to outboxd's own default.
+    server_unset = {"dbStartTimeout": "10m"}
+    for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on, "config": server_unset}]:
         r = render(values)
         server_seen |= set(r.configmap()["data"]) | set(_env(_containers(r.server())[0]))
         if r.relay():
             relay_seen |= set(_env(_containers(r.relay())[0]))
     assert _env_names(SERVER_SRC) - server_seen == set()
     assert _env_names(RELAY_SRC) - relay_seen == set()
+
+
+def _rust_const(name: str) -> int:
+    for path in (REPO / "src").rglob("*.rs"):
+        match = re.search(r"pub const " + name + r": u64 = ([0-9_ *]+);", path.read_text())
+        if match:
+            value = 1
+            for factor in match.group(1).replace("_", "").split("*"):
+                value *= int(factor)
+            return value
+    raise AssertionError(f"const {name} not found in src/")
+
+
+def test_chart_defaults_are_the_binarys(render):
+    """A config value the chart sets by default has outboxd's own default (only
+    the log format differs on purpose), written as outboxd parses it: a byte count
+    as digits, never as a float such as 3.145728e+06."""
+    data = render("default").configmap()["data"]
+    differ_on_purpose = {"OUTBOXD_LOG_FORMAT", "OUTBOXD_LISTEN", "OUTBOXD_METRICS_LISTEN", "OUTBOXD_NO_MIGRATE"}
+    # Defaults outboxd applies after parsing rather than through clap.
+    applied_later = {"OUTBOXD_OUTBOXES": "default=public.outbox"}
+    checked = 0
+    for attrs in re.findall(r"#\[arg\((.*?)\)\]\s*pub \w+:", SERVER_SRC, re.S):
+        env = re.search(r'env\s*=\s*"([A-Z0-9_]+)"', attrs)
+        if not env or env.group(1) not in data or env.group(1) in differ_on_purpose:
+            continue
+        literal = re.search(r'default_value\s*=\s*"([^"]*)"', attrs)
+        given = re.search(r"default_value_t\s*=\s*([A-Za-z0-9_.]+)", attrs)
+        if env.group(1) in applied_later:
+            expected = applied_later[env.group(1)]
+        elif literal:
+            expected = literal.group(1)
+        elif given:
+            raw = given.group(1)
+            expected = str(_rust_const(raw)) if raw.isupper() else raw.removesuffix(".0")
+        else:
+            raise AssertionError(f"the chart sets {env.group(1)} by default, outboxd has no default")
+        assert data[env.group(1)] == expected, env.group(1)
+        checked += 1
+    assert checked >= 20
+    assert data["OUTBOXD_MAX_CLAIM_BYTES"] == "3145728"
+    assert data["OUTBOXD_MAX_MESSAGE_BYTES"] == "8388608"
+    assert "OUTBOXD_DB_START_TIMEOUT" not in data, "outboxd's default differs for server and migrate"
+
+
+def test_migration_job_gets_the_database_settings(variant):
+    """`outboxd migrate` takes DatabaseArgs and LogArgs: the Job sets each such
+    variable the ConfigMap sets, with the same value."""
+    job = variant.job()
+    if job is None:
+        return
+    migrate_env = _env_names(_struct(SERVER_SRC, "DatabaseArgs")) | _env_names(_struct(SERVER_SRC, "LogArgs"))
+    assert {"OUTBOXD_DB_START_TIMEOUT", "OUTBOXD_STATEMENT_TIMEOUT"} <= migrate_env
+    job_env = _env(_containers(job)[0])
+    for name, value in variant.configmap()["data"].items():
+        if name in migrate_env:
+            assert job_env.get(name) == value, name
 
 
 def test_outboxes_render_with_options(render):
@@ -430,6 +493,10 @@ def test_all_options(render):
     assert relay_env["OUTBOX_RELAY_ACK_WITH_CLAIM"] == "false"
     assert relay_env["OTEL_SERVICE_NAME"] == "outbox-relay"
     assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9091"
+    data = r.configmap()["data"]
+    assert (data["OUTBOXD_MAX_CLAIM_BYTES"], data["OUTBOXD_MAX_MESSAGE_BYTES"]) == ("2097152", "3145728")
+    job_env = _env(_containers(r.job())[0])
+    assert (job_env["OUTBOXD_DB_START_TIMEOUT"], job_env["OUTBOXD_STATEMENT_TIMEOUT"]) == ("5m", "10s")
 
 
 @pytest.mark.parametrize("values, reason", [
@@ -438,6 +505,11 @@ def test_all_options(render):
     ({"relay": {"enabled": True}}, "existingSecret"),
     ({"terminationGracePeriodSeconds": 20}, "terminationGracePeriodSeconds"),
     ({"config": {"drainTimeout": "20 seconds"}}, "drainTimeout"),
+    ({"config": {"statementTimeout": "0"}}, "statementTimeout"),
+    ({"config": {"dbStartTimeout": "forever"}}, "dbStartTimeout"),
+    ({"config": {"maxClaimBytes": 512}}, "maxClaimBytes"),
+    ({"config": {"maxClaimBytes": 65536, "maxMessageBytes": 4096}}, "maxMessageBytes"),
+    ({"config": {"maxMessageBytes": "2097152"}}, "maxMessageBytes"),  # under the default claim budget
     ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     ({"otel": {"enabled": True}}, "endpoint"),
     ({"migrations": {"mode": "sometimes"}}, "mode"),

@@ -159,7 +159,11 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
 {{- $names := dict
   "dbMaxConnections" "OUTBOXD_DB_MAX_CONNECTIONS"
   "dbAcquireTimeout" "OUTBOXD_DB_ACQUIRE_TIMEOUT"
+  "dbStartTimeout" "OUTBOXD_DB_START_TIMEOUT"
+  "statementTimeout" "OUTBOXD_STATEMENT_TIMEOUT"
   "maxBatch" "OUTBOXD_MAX_BATCH"
+  "maxClaimBytes" "OUTBOXD_MAX_CLAIM_BYTES"
+  "maxMessageBytes" "OUTBOXD_MAX_MESSAGE_BYTES"
   "defaultLease" "OUTBOXD_DEFAULT_LEASE"
   "minLease" "OUTBOXD_MIN_LEASE"
   "maxLease" "OUTBOXD_MAX_LEASE"
@@ -182,9 +186,19 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
 }}
 {{- range $key, $name := $names }}
 {{- $v := get $c $key }}
+{{- /* YAML numbers arrive as float64, which prints 3145728 as 3.145728e+06. */}}
+{{- if and (kindIs "float64" $v) (eq $v (floor $v)) }}
+{{- $v = int64 $v }}
+{{- end }}
 {{- if and (not (kindIs "invalid" $v)) (ne (toString $v) "") }}
 {{- $_ := set $env $name (toString $v) }}
 {{- end }}
+{{- end }}
+{{- /* outboxd refuses a message limit below the claim budget; say so at install. */}}
+{{- $claimBytes := int64 (default 3145728 $c.maxClaimBytes) }}
+{{- $messageBytes := int64 (default 8388608 $c.maxMessageBytes) }}
+{{- if lt $messageBytes $claimBytes }}
+{{- fail (printf "config.maxMessageBytes (%d) must be at least config.maxClaimBytes (%d); empty means outboxd's defaults, 8388608 and 3145728" $messageBytes $claimBytes) }}
 {{- end }}
 {{- $outboxes := list }}
 {{- range $c.outboxes }}
