@@ -133,24 +133,32 @@ pub fn traceparent(ids: &SpanContext) -> String {
     )
 }
 
+/// Targets quieter than `RUST_LOG` says, unless it names them itself:
 /// lapin logs every message the broker returns (unroutable) at WARN as a dump
-/// of its properties; the relay logs one line per such message itself.
-const QUIET_TARGET: &str = "lapin::returned_messages";
+/// of its properties, and the relay logs one line per such message itself;
+/// sqlx logs PostgreSQL's notices at INFO, such as "relation
+/// _sqlx_migrations already exists, skipping" at every start.
+const QUIET_TARGETS: &[(&str, &str)] = &[
+    ("lapin::returned_messages", "error"),
+    ("sqlx::postgres::notice", "warn"),
+];
 
 /// `RUST_LOG` (default `info`; an invalid one is ignored too), with
-/// [`QUIET_TARGET`] at `error` unless `RUST_LOG` names that target itself.
+/// [`QUIET_TARGETS`] lowered unless `RUST_LOG` names them.
 fn log_filter(rust_log: Option<&str>) -> EnvFilter {
     let rust_log = rust_log.filter(|v| !v.trim().is_empty());
-    let base = rust_log
+    let mut filter = rust_log
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    if rust_log.is_some_and(|v| v.contains(QUIET_TARGET)) {
-        return base;
+    for (target, level) in QUIET_TARGETS {
+        if rust_log.is_some_and(|v| v.contains(target)) {
+            continue;
+        }
+        if let Ok(directive) = format!("{target}={level}").parse() {
+            filter = filter.add_directive(directive);
+        }
     }
-    match format!("{QUIET_TARGET}=error").parse() {
-        Ok(directive) => base.add_directive(directive),
-        Err(_) => base,
-    }
+    filter
 }
 
 /// Installs logs and traces for a binary. Call once, inside the runtime.
@@ -183,7 +191,13 @@ pub fn install_subscriber(format: LogFormat, tracer: opentelemetry_sdk::trace::T
         .with_context_activation(false)
         .with_filter(spans);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Text => fmt::layer().with_target(false).with_filter(filter).boxed(),
+        // Colours only on a terminal: piped into a file or a log collector,
+        // escape codes are noise.
+        LogFormat::Text => fmt::layer()
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .with_filter(filter)
+            .boxed(),
         LogFormat::Json => json_subscriber::layer()
             .flatten_event(true)
             .with_current_span(true)
@@ -341,6 +355,7 @@ mod tests {
         let asked = log_filter(Some("info,lapin::returned_messages=warn")).to_string();
         assert!(!asked.contains(quiet), "{asked}");
         assert!(asked.contains("lapin::returned_messages=warn"), "{asked}");
+        assert!(log_filter(None).to_string().contains("sqlx::postgres::notice=warn"));
     }
 
     #[test]
