@@ -292,6 +292,9 @@ impl Server {
         let router = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .layer(tower::util::MapResponseLayer::new(
+                oversized_is_resource_exhausted,
+            ))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -333,6 +336,27 @@ impl Server {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// tonic refuses a request over its size limit with OUT_OF_RANGE; gRPC's
+/// convention for a message too large is RESOURCE_EXHAUSTED, which is what
+/// clients look for.
+fn oversized_is_resource_exhausted<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers_mut();
+    let oversized = headers.get("grpc-status").is_some_and(|s| s == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if oversized {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("8"),
+        );
+    }
+    response
 }
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {

@@ -5,6 +5,9 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::{Error, store::StoreError};
 
+/// How much of an unknown outbox name a NOT_FOUND message repeats.
+const MAX_ECHOED_CHARS: usize = 64;
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let message = err.to_string();
@@ -17,7 +20,13 @@ impl From<Error> for Status {
                 Status::with_error_details(Code::InvalidArgument, message, details)
             }
             Error::Store(StoreError::UnknownOutbox(name)) => {
-                Status::not_found(format!("outbox {name:?} is not configured on this server"))
+                // The name is the client's: echo a bounded part of it, so an
+                // absurd one cannot make the reply itself too large.
+                let shown: String = name.chars().take(MAX_ECHOED_CHARS).collect();
+                let more = if shown.len() < name.len() { "…" } else { "" };
+                Status::not_found(format!(
+                    "outbox {shown:?}{more} is not configured on this server"
+                ))
             }
             Error::Store(StoreError::Unavailable(cause)) => {
                 tracing::warn!(error = %cause, "storage unavailable");

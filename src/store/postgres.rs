@@ -272,10 +272,15 @@ impl PgStore {
         };
         // Extending ends no lease.
         settled.ended.clear();
-        settled.expires_at = match rows.first() {
-            Some(row) => row.try_get("expires_at")?,
-            None => None,
-        };
+        // An expiry only when something was extended: a lost lease has none.
+        let mut expires_at = None;
+        for row in &rows {
+            if row.try_get::<bool, _>("applied")? {
+                expires_at = row.try_get("expires_at")?;
+                break;
+            }
+        }
+        settled.expires_at = expires_at;
         Ok(settled)
     }
 
@@ -412,7 +417,7 @@ fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> 
         aggregate_id: row.try_get("aggregate_id")?,
         event_type: row.try_get("event_type")?,
         payload: row.try_get("payload")?,
-        headers: header_map(headers),
+        headers: header_map(id, headers),
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
         attempt: u32::try_from(attempts).unwrap_or(0),
         sequence: row.try_get("seq")?,
@@ -466,8 +471,10 @@ fn header(headers: &serde_json::Value, name: &str) -> Option<String> {
 }
 
 /// The row's `headers` object as strings. Producers may store any JSON there;
-/// non-string values are passed on as their JSON text rather than dropped.
-fn header_map(headers: serde_json::Value) -> BTreeMap<String, String> {
+/// non-string values are passed on as their JSON text rather than dropped. A
+/// document that is not an object (an array, a string, null) has no header
+/// names to pass on: the event goes out without headers, and the log says so.
+fn header_map(id: Uuid, headers: serde_json::Value) -> BTreeMap<String, String> {
     match headers {
         serde_json::Value::Object(map) => map
             .into_iter()
@@ -476,7 +483,21 @@ fn header_map(headers: serde_json::Value) -> BTreeMap<String, String> {
                 other => (k, other.to_string()),
             })
             .collect(),
-        _ => BTreeMap::new(),
+        other => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Number(_) => "a number",
+                _ => "a boolean",
+            };
+            tracing::warn!(
+                event_id = %id,
+                headers = kind,
+                "event headers are not a JSON object; handing the event out without headers"
+            );
+            BTreeMap::new()
+        }
     }
 }
 

@@ -8,6 +8,7 @@ mod adoption;
 mod availability;
 mod claim;
 mod claim_bytes;
+mod edges;
 mod extend;
 mod long_poll;
 mod nack;
