@@ -21,7 +21,7 @@ use lapin::{
     protocol::{AMQPErrorKind, AMQPSoftError},
     types::{AMQPValue, FieldTable},
 };
-use outboxd::relay::config::redact_url;
+use outboxd::relay::config::{BrokerArgs, redact_url};
 use tokio::time::{Instant, timeout_at};
 
 /// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
@@ -32,15 +32,8 @@ struct Args {
     #[arg(long)]
     queue: String,
 
-    /// RabbitMQ URL. Never printed with its password.
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
-        hide_default_value = true,
-        hide_env_values = true
-    )]
-    amqp_url: String,
+    #[command(flatten)]
+    broker: BrokerArgs,
 
     /// Messages to wait for.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -65,13 +58,16 @@ async fn main() -> ExitCode {
 
 async fn consume(args: &Args) -> Result<(), String> {
     let deadline = Instant::now() + args.timeout;
-    let broker = redact_url(&args.amqp_url);
+    let broker = redact_url(&args.broker.amqp_url);
     let timed_out = |doing: &str| format!("timed out after {:?} {doing}", args.timeout);
     let properties = ConnectionProperties::default().with_connection_name("outbox-consume".into());
-    let conn = timeout_at(deadline, Connection::connect(&args.amqp_url, properties))
-        .await
-        .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
-        .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
+    let conn = timeout_at(
+        deadline,
+        Connection::connect(&args.broker.amqp_url, properties),
+    )
+    .await
+    .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
+    .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
     let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
     let queue = args.queue.as_str();
     // Passive: only checks that the queue exists (see the module comment).

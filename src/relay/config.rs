@@ -21,15 +21,8 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_OUTBOX", default_value = "default")]
     pub outbox: String,
 
-    /// RabbitMQ URL (amqp:// or amqps://). Never logged with its password.
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
-        hide_default_value = true,
-        hide_env_values = true
-    )]
-    pub amqp_url: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
 
     /// Exchange to publish to; declared durable `topic` unless --no-declare.
     #[arg(long, env = "OUTBOX_RELAY_EXCHANGE", default_value = "outbox")]
@@ -159,6 +152,20 @@ fn queue_name(name: &str) -> Result<String, String> {
     Ok(name.to_owned())
 }
 
+/// Where RabbitMQ is: shared by the relay and `outbox-consume`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BrokerArgs {
+    /// RabbitMQ URL (amqp:// or amqps://). Never logged with its password.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+}
+
 /// A parsed routing-key template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutingKey(Vec<Part>);
@@ -247,7 +254,7 @@ impl RelayArgs {
                     self.server
                 )
             })?;
-        let amqp = url::Url::parse(&self.amqp_url)
+        let amqp = url::Url::parse(&self.broker.amqp_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
             .ok_or("--amqp-url must be an amqp:// or amqps:// URL")?;
@@ -279,7 +286,7 @@ impl RelayArgs {
                 self.server.clone()
             },
             outbox: self.outbox.clone(),
-            amqp_url: self.amqp_url.clone(),
+            amqp_url: self.broker.amqp_url.clone(),
             exchange: self.exchange.clone(),
             declare: !self.no_declare,
             routing_key: RoutingKey::parse(&self.routing_key)?,
