@@ -26,7 +26,7 @@ use tokio::time::{Instant, timeout_at};
 
 /// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
 #[derive(Debug, Parser)]
-#[command(name = "outbox-consume", version, about, long_about = None)]
+#[command(name = "outbox-consume", version, long_about = None)]
 struct Args {
     /// Queue to read; it must exist (`outbox-relay --bind-queue NAME` declares one).
     #[arg(long)]
