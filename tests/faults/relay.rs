@@ -1,0 +1,86 @@
+//! The real `outbox-relay` killed -9 mid-drain and restarted, publishing to a
+//! queue of the case's own; the checker reads the deliveries off the broker.
+
+use std::process::Stdio;
+
+use tokio::{
+    process::{Child, Command},
+    time::{Instant, sleep},
+};
+
+use crate::{
+    TURN,
+    harness::{
+        Outboxd, Sampler, TestDb, assess, drained, free_port, millis, produce, secs, wait_until,
+    },
+    history::History,
+    rabbit::{AMQP_URL, Rabbit},
+};
+
+/// The relay as a child process, killed when dropped.
+struct Relay(Child);
+
+impl Relay {
+    fn start(server: &Outboxd, rabbit: &Rabbit) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["--server", &server.url()])
+            .args(["--amqp-url", AMQP_URL])
+            .args(["--exchange", &rabbit.exchange, "--no-declare"])
+            .args(["--metrics-listen", "off"])
+            .args(["--lease", "2s", "--batch-size", "100", "--concurrency", "4"])
+            .args(["--wait", "1s", "--drain-timeout", "5s"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn outbox-relay");
+        Self(child)
+    }
+
+    async fn kill9(mut self) {
+        self.0.kill().await.expect("kill -9 the relay");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
+    let _turn = TURN.lock().await;
+    let began = Instant::now();
+    let db = TestDb::create().await;
+    let history = History::new();
+    let server = Outboxd::start(&db.url(), free_port()).await;
+    let rabbit = Rabbit::bound("#").await;
+    // A backlog first, so the first kill lands mid-drain; more arrives meanwhile.
+    produce(&db.pool, &history, 1500, millis(500))
+        .await
+        .expect("producers");
+    let sampler = Sampler::start(&db.pool, &history);
+    let producers = produce(&db.pool, &history, 1500, secs(8));
+    let mut relay = Relay::start(&server, &rabbit);
+    wait_until(
+        secs(60),
+        "the relay publishes some of the backlog",
+        async || db.published().await >= 300,
+    )
+    .await;
+    for round in 1..=4 {
+        sampler
+            .begin(format!("kill -9 outbox-relay ({round})"))
+            .await;
+        relay.kill9().await;
+        sleep(millis(300)).await;
+        relay = Relay::start(&server, &rabbit);
+        sampler.end();
+        sleep(secs(2)).await;
+    }
+    producers.await.expect("producers");
+    drained(&db, sampler, None).await;
+    relay.kill9().await;
+    for message in rabbit.drain().await {
+        history.delivered(message.message_id, None);
+    }
+    assess("kill -9 outbox-relay", &db, &history, began).await;
+    drop(server);
+}
