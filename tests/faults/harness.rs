@@ -142,7 +142,8 @@ impl TestDb {
 
     /// The table at the end of the case.
     pub async fn finals(&self) -> HashMap<String, FinalRow> {
-        let rows: Vec<(String, bool, bool, Option<String>, i32, Option<String>)> = sqlx::query_as(
+        type Columns = (String, bool, bool, Option<String>, i32, Option<String>);
+        let rows: Vec<Columns> = sqlx::query_as(
             "SELECT id::text, published_at IS NOT NULL, dead_lettered_at IS NOT NULL,
                     last_error, attempts, lease_id::text
              FROM outbox",
@@ -470,7 +471,9 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
             history.expose(refused.clone());
             settle(&mut conn, &name, SettleKind::Nack, &lease_id, refused).await;
         }
-        settle(&mut conn, &name, SettleKind::Ack, &lease_id, ids).await;
+        if !ids.is_empty() {
+            settle(&mut conn, &name, SettleKind::Ack, &lease_id, ids).await;
+        }
     }
 }
 
@@ -587,13 +590,41 @@ pub fn produce(pool: &PgPool, history: &History, total: usize, spread: Duration)
     })
 }
 
+/// Commits `n` events in one transaction: a backlog that appears at once.
+pub async fn burst(pool: &PgPool, history: &History, n: usize) {
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload)
+         SELECT id, 'burst-' || n, 'fault.test', jsonb_build_object('n', n)
+         FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, n)",
+    )
+    .bind(&ids)
+    .execute(pool)
+    .await
+    .expect("insert a burst");
+    history.committed(ids.iter().map(Uuid::to_string));
+}
+
 /// Records what is under a live lease while a fault is on and for a while
 /// after it: those events may be claimed again, the others may not.
 pub struct Sampler {
     until: Arc<Mutex<Option<Instant>>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    pool: PgPool,
     history: History,
+}
+
+/// Adds the rows under a live lease to the exposed ones.
+async fn sample(pool: &PgPool, history: &History) {
+    let leased: Vec<String> = sqlx::query_scalar(
+        "SELECT id::text FROM outbox
+         WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until > now()",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("sample the leased rows");
+    history.expose(leased);
 }
 
 fn until(m: &Mutex<Option<Instant>>) -> MutexGuard<'_, Option<Instant>> {
@@ -613,17 +644,8 @@ impl Sampler {
             );
             tokio::spawn(async move {
                 while !stop.is_cancelled() {
-                    let on = until(&until_at).is_some_and(|t| Instant::now() < t);
-                    if on {
-                        let leased: Vec<String> = sqlx::query_scalar(
-                            "SELECT id::text FROM outbox
-                             WHERE published_at IS NULL AND dead_lettered_at IS NULL
-                               AND locked_until > now()",
-                        )
-                        .fetch_all(&pool)
-                        .await
-                        .expect("sample the leased rows");
-                        history.expose(leased);
+                    if until(&until_at).is_some_and(|t| Instant::now() < t) {
+                        sample(&pool, &history).await;
                     }
                     sleep(millis(100)).await;
                 }
@@ -633,16 +655,16 @@ impl Sampler {
             until: until_at,
             stop,
             task,
+            pool: pool.clone(),
             history: history.clone(),
         }
     }
 
-    /// A fault begins: sample from now on.
+    /// A fault begins: what is under lease now, and from now on, is exposed.
     pub async fn begin(&self, what: impl Into<String>) {
         self.history.fault(what);
+        sample(&self.pool, &self.history).await;
         *until(&self.until) = Some(Instant::now() + secs(3600));
-        // One sample before the fault does anything.
-        sleep(millis(150)).await;
     }
 
     /// The fault is over: keep sampling through its aftermath.

@@ -135,7 +135,7 @@ async fn outboxd_backends_terminated_listener_included_lose_nothing() {
     let sampler = Sampler::start(&db.pool, &history);
     let producers = produce(&db.pool, &history, EVENTS, secs(10));
 
-    let mut listener_hit = 0;
+    let (mut backends, mut listener_hit) = (0, 0);
     for round in 1..=5 {
         sleep(secs(2)).await;
         sampler
@@ -143,9 +143,13 @@ async fn outboxd_backends_terminated_listener_included_lose_nothing() {
             .await;
         let (terminated, listener) = db.terminate_outboxd_backends().await;
         assert!(terminated > 0, "outboxd has backends to terminate");
+        backends += terminated;
         listener_hit += usize::from(listener);
         sampler.end();
     }
+    println!(
+        "pg_terminate_backend: {backends} outboxd backends, the LISTEN one in {listener_hit} of 5 rounds"
+    );
     assert!(
         listener_hit > 0,
         "the LISTEN backend was terminated at least once"

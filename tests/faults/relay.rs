@@ -11,7 +11,7 @@ use tokio::{
 use crate::{
     TURN,
     harness::{
-        Outboxd, Sampler, TestDb, assess, drained, free_port, millis, produce, secs, wait_until,
+        Outboxd, Sampler, TestDb, assess, burst, drained, free_port, millis, secs, wait_until,
     },
     history::History,
     rabbit::{AMQP_URL, Rabbit},
@@ -52,30 +52,41 @@ async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
     let history = History::new();
     let server = Outboxd::start(&db.url(), free_port()).await;
     let rabbit = Rabbit::bound("#").await;
-    // A backlog first, so the first kill lands mid-drain; more arrives meanwhile.
-    produce(&db.pool, &history, 1500, millis(500))
-        .await
-        .expect("producers");
     let sampler = Sampler::start(&db.pool, &history);
-    let producers = produce(&db.pool, &history, 1500, secs(8));
     let mut relay = Relay::start(&server, &rabbit);
-    wait_until(
-        secs(60),
-        "the relay publishes some of the backlog",
-        async || db.published().await >= 300,
-    )
-    .await;
-    for round in 1..=4 {
+    // Each round commits a burst and kills the relay once it has published
+    // part of it: mid-drain, with batches claimed, published and not yet acked.
+    for round in 1..=3 {
+        let before = db.published().await;
+        burst(&db.pool, &history, 1000).await;
+        let deadline = Instant::now() + secs(60);
+        while db.published().await < before + 100 {
+            assert!(
+                Instant::now() < deadline,
+                "the relay publishes part of the burst"
+            );
+            sleep(millis(5)).await;
+        }
         sampler
             .begin(format!("kill -9 outbox-relay ({round})"))
             .await;
         relay.kill9().await;
+        let at_kill = db.published().await;
         sleep(millis(300)).await;
         relay = Relay::start(&server, &rabbit);
         sampler.end();
-        sleep(secs(2)).await;
+        wait_until(secs(60), "the restarted relay publishes", async || {
+            db.published().await > at_kill || db.pending().await == 0
+        })
+        .await;
+        if db.published().await > at_kill {
+            history.recovered();
+        }
+        println!(
+            "kill -9 outbox-relay ({round}): {} of the burst's 1000 published at the kill",
+            at_kill - before
+        );
     }
-    producers.await.expect("producers");
     drained(&db, sampler, None).await;
     relay.kill9().await;
     for message in rabbit.drain().await {
