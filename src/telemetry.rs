@@ -355,7 +355,11 @@ mod tests {
         let asked = log_filter(Some("info,lapin::returned_messages=warn")).to_string();
         assert!(!asked.contains(quiet), "{asked}");
         assert!(asked.contains("lapin::returned_messages=warn"), "{asked}");
-        assert!(log_filter(None).to_string().contains("sqlx::postgres::notice=warn"));
+        assert!(
+            log_filter(None)
+                .to_string()
+                .contains("sqlx::postgres::notice=warn")
+        );
     }
 
     #[test]

@@ -57,6 +57,10 @@ async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
     // Each round commits a burst and kills the relay once it has published
     // part of it: mid-drain, with batches claimed, published and not yet acked.
     for round in 1..=3 {
+        wait_until(secs(60), "the previous burst is drained", async || {
+            db.pending().await == 0
+        })
+        .await;
         let before = db.published().await;
         burst(&db.pool, &history, 1000).await;
         let deadline = Instant::now() + secs(60);
