@@ -465,7 +465,7 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
             Vec::new()
         };
         for id in &ids {
-            history.delivered(id.clone(), Some(lease_id.clone()));
+            history.delivered(id.clone(), Some(lease_id.clone()), None);
         }
         if !refused.is_empty() {
             history.expose(refused.clone());

@@ -73,6 +73,8 @@ pub struct Settle {
 pub struct Delivery {
     pub message_id: String,
     pub lease_id: Option<String>,
+    /// The attempt it was published as, when the broker tells (`x-outbox-attempt`).
+    pub attempt: Option<u32>,
     pub at: Duration,
 }
 
@@ -136,11 +138,12 @@ impl History {
         self.lock().settles.push(settle);
     }
 
-    pub fn delivered(&self, message_id: String, lease_id: Option<String>) {
+    pub fn delivered(&self, message_id: String, lease_id: Option<String>, attempt: Option<u32>) {
         let at = self.now();
         self.lock().deliveries.push(Delivery {
             message_id,
             lease_id,
+            attempt,
             at,
         });
     }
@@ -258,17 +261,20 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
             None => v("no event lost", id, "the committed row is gone".into()),
             Some(row) if row.published => {
                 let got = deliveries.get(id.as_str()).map_or(&[][..], Vec::as_slice);
-                let by_worker = got.iter().any(|d| d.lease_id.is_some());
-                let under_final = got
-                    .iter()
-                    .any(|d| d.lease_id.is_none() || d.lease_id == row.lease_id);
-                if got.is_empty() || (by_worker && !under_final) {
+                // The ack that published the row came from the claim that
+                // holds it last: that claim's publish must have arrived.
+                let under_final = got.iter().any(|d| match (&d.lease_id, d.attempt) {
+                    (Some(lease), _) => Some(lease) == row.lease_id.as_ref(),
+                    (None, Some(attempt)) => attempt == row.attempts,
+                    (None, None) => true,
+                });
+                if !under_final {
                     v(
                         "no event lost",
                         id,
                         format!(
-                            "published under lease {:?}, but never delivered under it",
-                            row.lease_id
+                            "published under lease {:?} (attempt {}), but never delivered under it",
+                            row.lease_id, row.attempts
                         ),
                     );
                 }
@@ -392,6 +398,23 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
                 ),
             );
         }
+        let mut attempts: Vec<u32> = deliveries
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.attempt)
+            .collect();
+        attempts.sort_unstable();
+        if let Some(twice) = attempts.windows(2).find(|w| w[0] == w[1]) {
+            v(
+                "duplicates bounded",
+                id,
+                format!(
+                    "published twice as attempt {}: one claim, two deliveries",
+                    twice[0]
+                ),
+            );
+        }
         if row.attempts > 1 {
             claimed_twice.push(id.as_str());
         }
@@ -484,7 +507,12 @@ fn report(
         for d in deliveries.get(id).into_iter().flatten() {
             lines.push((
                 d.at,
-                format!("deliver  {}          lease {:?}", ms(d.at), d.lease_id),
+                format!(
+                    "deliver  {}          lease {:?} attempt {:?}",
+                    ms(d.at),
+                    d.lease_id,
+                    d.attempt
+                ),
             ));
         }
         for (outcome, s) in settles.get(id).into_iter().flatten() {
@@ -556,6 +584,7 @@ mod tests {
         Delivery {
             message_id: id.into(),
             lease_id: Some(lease.into()),
+            attempt: None,
             at: at(ms),
         }
     }
@@ -653,6 +682,26 @@ mod tests {
         rec.deliveries
             .retain(|d| d.lease_id.as_deref() == Some("A"));
         assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
+    }
+
+    #[test]
+    fn broker_deliveries_are_checked_by_the_attempt_they_carry() {
+        let (mut rec, finals) = good();
+        rec.claims.clear();
+        rec.settles.clear();
+        let by_broker = |attempt| Delivery {
+            lease_id: None,
+            attempt: Some(attempt),
+            ..delivery("-", "m", 0)
+        };
+        rec.deliveries = vec![by_broker(1), by_broker(2)];
+        assert!(check(&rec, &finals).violations.is_empty());
+        // Published as attempt 2 (acked by that claim), but only attempt 1 arrived.
+        rec.deliveries = vec![by_broker(1)];
+        assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
+        // One claim, two publishes.
+        rec.deliveries = vec![by_broker(2), by_broker(2)];
+        assert_eq!(rules(&check(&rec, &finals)), ["duplicates bounded"]);
     }
 
     #[test]

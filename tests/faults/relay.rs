@@ -94,7 +94,11 @@ async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
     drained(&db, sampler, None).await;
     relay.kill9().await;
     for message in rabbit.drain().await {
-        history.delivered(message.message_id, None);
+        let attempt = message
+            .headers
+            .get("x-outbox-attempt")
+            .map(|a| a.parse().expect("x-outbox-attempt is a number"));
+        history.delivered(message.message_id, None, attempt);
     }
     assess("kill -9 outbox-relay", &db, &history, began).await;
     drop(server);
