@@ -454,10 +454,15 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
             expires_at,
         });
         let mut ids: Vec<String> = batch.messages.iter().map(|m| m.id.clone()).collect();
-        if rng.random_bool(0.01) {
-            // A publish slower than the lease: the rows may go to someone else.
+        if rng.random_bool(0.03) {
+            // A publish slower than the lease: the rows may go to someone else
+            // (expired leases are claimed again at the next poll, within 200 ms),
+            // and this worker's ack lands while they may hold them.
             history.expose(ids.clone());
-            sleep(LEASE + millis(300)).await;
+            sleep(LEASE + millis(150)).await;
+        } else {
+            // The broker's confirms.
+            sleep(millis(rng.random_range(10..150))).await;
         }
         let refused: Vec<String> = if rng.random_bool(0.05) {
             ids.drain(..1).collect()
@@ -715,13 +720,14 @@ pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) 
     let codes: &BTreeMap<String, usize> = &recorded.codes;
     println!(
         "fault case {case}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
-         (bound: {} under lease at a fault), {} dead-lettered, {} faults injected, {} recoveries \
+         (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
          ({} failed calls {codes:?}), {:.1}s",
         f.events,
         f.deliveries,
         f.duplicates,
         f.claimed_twice,
         f.exposed,
+        f.fenced,
         f.dead_lettered,
         f.faults,
         f.recoveries,

@@ -197,6 +197,8 @@ pub struct Figures {
     pub duplicates: usize,
     pub claimed_twice: usize,
     pub exposed: usize,
+    /// Acks refused as LEASE_LOST: stale acks the fencing turned away.
+    pub fenced: usize,
     pub dead_lettered: usize,
     pub faults: usize,
     pub recoveries: usize,
@@ -419,27 +421,26 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
             claimed_twice.push(id.as_str());
         }
     }
-    if claimed_twice.len() > rec.exposed.len() {
-        let mut outside: Vec<&str> = claimed_twice
-            .iter()
-            .copied()
-            .filter(|id| !rec.exposed.contains(*id))
-            .collect();
-        outside.sort_unstable();
-        for id in outside.iter().take(3) {
-            v(
-                "duplicates bounded",
-                id,
-                format!(
-                    "{} events were claimed more than once, but only {} were under lease when a fault hit; \
-                     this one ({} claims) was not among them ({} like it)",
-                    claimed_twice.len(),
-                    rec.exposed.len(),
-                    finals[*id].attempts,
-                    outside.len()
-                ),
-            );
-        }
+    // The brief's bound is a count (no more events claimed twice than were
+    // under lease when a fault hit); checked per event, which implies it.
+    let mut outside: Vec<&str> = claimed_twice
+        .iter()
+        .copied()
+        .filter(|id| !rec.exposed.contains(*id))
+        .collect();
+    outside.sort_unstable();
+    for id in &outside {
+        v(
+            "duplicates bounded",
+            id,
+            format!(
+                "claimed {} times, yet it was never under lease when a fault hit, nor nacked, \
+                 nor held past its lease ({} events claimed more than once, {} exposed)",
+                finals[*id].attempts,
+                claimed_twice.len(),
+                rec.exposed.len(),
+            ),
+        );
     }
 
     let delivered_ids = deliveries.len();
@@ -449,6 +450,13 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         duplicates: rec.deliveries.len() - delivered_ids,
         claimed_twice: claimed_twice.len(),
         exposed: rec.exposed.len(),
+        fenced: rec
+            .settles
+            .iter()
+            .filter(|s| s.kind == SettleKind::Ack)
+            .flat_map(|s| &s.outcomes)
+            .filter(|(_, o)| *o == Outcome::LeaseLost)
+            .count(),
         dead_lettered: finals.values().filter(|r| r.dead_lettered).count(),
         faults: rec.faults.len(),
         recoveries: rec.recoveries,
