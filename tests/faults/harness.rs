@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, transport::Channel};
 use uuid::Uuid;
 
-use crate::history::{self, Claim, FinalRow, History, Settle, SettleKind};
+use crate::history::{self, Claim, Figures, FinalRow, History, Settle, SettleKind};
 
 const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -712,7 +712,7 @@ pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
 }
 
 /// Checks the history against the final table and prints the case's figures.
-pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) {
+pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) -> Figures {
     let finals = db.finals().await;
     let recorded = history.recorded();
     let verdict = history::check(&recorded, &finals);
@@ -721,7 +721,7 @@ pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) 
     println!(
         "fault case {case}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
          (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
-         ({} failed calls {codes:?}), {:.1}s",
+         ({} failed calls {codes:?}, slowest settle {:.2}s), {:.1}s",
         f.events,
         f.deliveries,
         f.duplicates,
@@ -732,6 +732,7 @@ pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) 
         f.faults,
         f.recoveries,
         f.failed_calls,
+        f.slowest_settle.as_secs_f64(),
         began.elapsed().as_secs_f64()
     );
     assert!(
@@ -740,4 +741,5 @@ pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) 
         verdict.violations.len(),
         verdict.report
     );
+    verdict.figures
 }

@@ -203,6 +203,8 @@ pub struct Figures {
     pub faults: usize,
     pub recoveries: usize,
     pub failed_calls: usize,
+    /// The longest settle call, answered or given up: how long a fault held a client.
+    pub slowest_settle: Duration,
 }
 
 #[derive(Debug)]
@@ -461,6 +463,12 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         faults: rec.faults.len(),
         recoveries: rec.recoveries,
         failed_calls: rec.failed_calls,
+        slowest_settle: rec
+            .settles
+            .iter()
+            .map(|s| s.end.saturating_sub(s.start))
+            .max()
+            .unwrap_or_default(),
     };
     let report = report(rec, finals, &violations, &claims, &settles, &deliveries);
     Verdict {

@@ -17,6 +17,9 @@ use crate::{
     rabbit::{AMQP_URL, Rabbit},
 };
 
+const BATCH: usize = 100;
+const CONCURRENCY: usize = 4;
+
 /// The relay as a child process, killed when dropped.
 struct Relay(Child);
 
@@ -27,7 +30,9 @@ impl Relay {
             .args(["--amqp-url", AMQP_URL])
             .args(["--exchange", &rabbit.exchange, "--no-declare"])
             .args(["--metrics-listen", "off"])
-            .args(["--lease", "2s", "--batch-size", "100", "--concurrency", "4"])
+            .args(["--lease", "2s"])
+            .args(["--batch-size", &BATCH.to_string()])
+            .args(["--concurrency", &CONCURRENCY.to_string()])
             .args(["--wait", "1s", "--drain-timeout", "5s"])
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -100,6 +105,14 @@ async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
             .map(|a| a.parse().expect("x-outbox-attempt is a number"));
         history.delivered(message.message_id, None, attempt);
     }
-    assess("kill -9 outbox-relay", &db, &history, began).await;
+    let figures = assess("kill -9 outbox-relay", &db, &history, began).await;
+    // The README's promise: a crash redelivers at most two batches per slot.
+    let per_kill = 2 * CONCURRENCY * BATCH;
+    assert!(
+        figures.duplicates <= figures.faults * per_kill,
+        "{} duplicates after {} kills: more than {per_kill} per kill",
+        figures.duplicates,
+        figures.faults
+    );
     drop(server);
 }
