@@ -1,0 +1,738 @@
+//! The history checker, one for every case: what the workers saw (claims,
+//! deliveries, settle outcomes), what the faults had under lease, and the
+//! database's final state, checked against the lease rules of the README:
+//!
+//! - no event lost: every committed event ends published (and was delivered),
+//!   or dead-lettered with a reason;
+//! - never two live leases on one row: a row is claimed again only after the
+//!   previous lease expired (by the database clock) or was released by a nack;
+//! - no stale ack accepted: an ack accepted under lease L means nobody claimed
+//!   the row after L, neither before the ack (the ack was stale) nor after it
+//!   (a published row came back);
+//! - duplicates bounded by what was in flight: deliveries of an event never
+//!   exceed its claims, and no more events were claimed twice than were under
+//!   lease when a fault hit (or nacked, or held past their lease on purpose).
+//!
+//! Times: `start`/`end` are the client's window around each call, from the
+//! history's epoch; `claimed_at`/`expires_at` are the database's clock, which
+//! is the only clock leases are measured by.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt::Write as _,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use chrono::{DateTime, Utc};
+
+/// A settle call's answer for one message. `Unknown`: the call failed, so it
+/// may or may not have been applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    AlreadyDone,
+    LeaseLost,
+    NotFound,
+    DeadLettered,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleKind {
+    Ack,
+    Nack,
+}
+
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub worker: String,
+    pub lease_id: String,
+    /// Message id and the attempt the server handed it out as.
+    pub messages: Vec<(String, u32)>,
+    pub start: Duration,
+    pub end: Duration,
+    /// The claim statement's `now()` and the lease's expiry (database clock).
+    pub claimed_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settle {
+    pub kind: SettleKind,
+    pub worker: String,
+    pub lease_id: String,
+    pub start: Duration,
+    pub end: Duration,
+    pub outcomes: Vec<(String, Outcome)>,
+}
+
+/// One publish of an event: by a worker of the test (under a lease it holds)
+/// or as received from the broker (lease unknown).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub message_id: String,
+    pub lease_id: Option<String>,
+    /// The attempt it was published as, when the broker tells (`x-outbox-attempt`).
+    pub attempt: Option<u32>,
+    pub at: Duration,
+}
+
+/// Everything recorded during a case.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    pub committed: HashSet<String>,
+    pub claims: Vec<Claim>,
+    pub settles: Vec<Settle>,
+    pub deliveries: Vec<Delivery>,
+    pub faults: Vec<(Duration, String)>,
+    /// Events under a lease while a fault was on (or nacked, or held past their
+    /// lease on purpose): the ones allowed to be claimed more than once.
+    pub exposed: HashSet<String>,
+    /// A client call succeeding after failing: a worker got through again.
+    pub recoveries: usize,
+    pub failed_calls: usize,
+    /// Failed calls by gRPC code.
+    pub codes: BTreeMap<String, usize>,
+}
+
+/// The recorder, shared by the case's workers, producers and fault injector.
+#[derive(Debug, Clone)]
+pub struct History {
+    epoch: Instant,
+    inner: Arc<Mutex<Recorded>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl History {
+    pub fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            inner: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Recorded> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Time since the case began.
+    pub fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    pub fn committed(&self, ids: impl IntoIterator<Item = String>) {
+        self.lock().committed.extend(ids);
+    }
+
+    pub fn claim(&self, claim: Claim) {
+        self.lock().claims.push(claim);
+    }
+
+    pub fn settle(&self, settle: Settle) {
+        self.lock().settles.push(settle);
+    }
+
+    pub fn delivered(&self, message_id: String, lease_id: Option<String>, attempt: Option<u32>) {
+        let at = self.now();
+        self.lock().deliveries.push(Delivery {
+            message_id,
+            lease_id,
+            attempt,
+            at,
+        });
+    }
+
+    pub fn fault(&self, what: impl Into<String>) {
+        let at = self.now();
+        self.lock().faults.push((at, what.into()));
+    }
+
+    pub fn expose(&self, ids: impl IntoIterator<Item = String>) {
+        self.lock().exposed.extend(ids);
+    }
+
+    pub fn call_failed(&self, code: String) {
+        let mut rec = self.lock();
+        rec.failed_calls += 1;
+        *rec.codes.entry(code).or_default() += 1;
+    }
+
+    pub fn recovered(&self) {
+        self.lock().recoveries += 1;
+    }
+
+    pub fn recorded(&self) -> Recorded {
+        self.lock().clone()
+    }
+}
+
+/// A row of the outbox at the end of a case.
+#[derive(Debug, Clone)]
+pub struct FinalRow {
+    pub published: bool,
+    pub dead_lettered: bool,
+    pub last_error: Option<String>,
+    /// Claims of the row (each claim adds one).
+    pub attempts: u32,
+    pub lease_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub message_id: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    pub events: usize,
+    pub deliveries: usize,
+    pub duplicates: usize,
+    pub claimed_twice: usize,
+    pub exposed: usize,
+    /// Acks refused as LEASE_LOST: stale acks the fencing turned away.
+    pub fenced: usize,
+    pub dead_lettered: usize,
+    pub faults: usize,
+    pub recoveries: usize,
+    pub failed_calls: usize,
+    /// The longest settle call, answered or given up: how long a fault held a client.
+    pub slowest_settle: Duration,
+}
+
+#[derive(Debug)]
+pub struct Verdict {
+    pub violations: Vec<Violation>,
+    pub figures: Figures,
+    /// The violations, each with its message's history in time order.
+    pub report: String,
+}
+
+fn accepted(outcome: Outcome) -> bool {
+    matches!(outcome, Outcome::Ok | Outcome::AlreadyDone)
+}
+
+/// A nack that may have released the row (an unknown outcome may have).
+fn released(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Ok | Outcome::DeadLettered | Outcome::Unknown
+    )
+}
+
+/// Checks `rec` and the final table against the invariants.
+pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
+    let mut violations = Vec::new();
+    let mut v = |rule: &'static str, id: &str, detail: String| {
+        violations.push(Violation {
+            rule,
+            message_id: id.to_owned(),
+            detail,
+        });
+    };
+
+    // Per message: its claims (with the attempt), settles and deliveries.
+    let mut claims: HashMap<&str, Vec<(u32, &Claim)>> = HashMap::new();
+    for c in &rec.claims {
+        for (id, attempt) in &c.messages {
+            claims.entry(id).or_default().push((*attempt, c));
+        }
+    }
+    for list in claims.values_mut() {
+        list.sort_by_key(|(attempt, c)| (*attempt, c.start));
+    }
+    let mut settles: HashMap<&str, Vec<(Outcome, &Settle)>> = HashMap::new();
+    for s in &rec.settles {
+        for (id, outcome) in &s.outcomes {
+            settles.entry(id).or_default().push((*outcome, s));
+        }
+    }
+    let mut deliveries: HashMap<&str, Vec<&Delivery>> = HashMap::new();
+    for d in &rec.deliveries {
+        deliveries.entry(&d.message_id).or_default().push(d);
+    }
+
+    // No event lost.
+    for id in &rec.committed {
+        match finals.get(id) {
+            None => v("no event lost", id, "the committed row is gone".into()),
+            Some(row) if row.published => {
+                let got = deliveries.get(id.as_str()).map_or(&[][..], Vec::as_slice);
+                // The ack that published the row came from the claim that
+                // holds it last: that claim's publish must have arrived.
+                let under_final = got.iter().any(|d| match (&d.lease_id, d.attempt) {
+                    (Some(lease), _) => Some(lease) == row.lease_id.as_ref(),
+                    (None, Some(attempt)) => attempt == row.attempts,
+                    (None, None) => true,
+                });
+                if !under_final {
+                    v(
+                        "no event lost",
+                        id,
+                        format!(
+                            "published under lease {:?} (attempt {}), but never delivered under it",
+                            row.lease_id, row.attempts
+                        ),
+                    );
+                }
+            }
+            Some(row) if row.dead_lettered => {
+                if row.last_error.as_deref().is_none_or(str::is_empty) {
+                    v("no event lost", id, "dead-lettered without a reason".into());
+                }
+            }
+            Some(_) => v(
+                "no event lost",
+                id,
+                "neither published nor dead-lettered after the drain".into(),
+            ),
+        }
+    }
+    for id in deliveries.keys() {
+        if !rec.committed.contains(*id) {
+            v(
+                "no event lost",
+                id,
+                "delivered, but no producer committed it".into(),
+            );
+        }
+    }
+
+    // Never two live leases on one row.
+    for (id, list) in &claims {
+        let nacks: Vec<&(Outcome, &Settle)> = settles
+            .get(id)
+            .map(|s| {
+                s.iter()
+                    .filter(|(o, s)| s.kind == SettleKind::Nack && released(*o))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pair in list.windows(2) {
+            let ((a1, c1), (a2, c2)) = (pair[0], pair[1]);
+            if c1.lease_id == c2.lease_id {
+                continue;
+            }
+            if a1 == a2 {
+                v(
+                    "never two live leases",
+                    id,
+                    format!(
+                        "leases {} and {} both handed it out as attempt {a1}",
+                        c1.lease_id, c2.lease_id
+                    ),
+                );
+            } else if c2.claimed_at < c1.expires_at
+                && !nacks.iter().any(|(_, s)| s.lease_id == c1.lease_id)
+            {
+                v(
+                    "never two live leases",
+                    id,
+                    format!(
+                        "lease {} claimed it at {} while lease {} (not released) was live until {}",
+                        c2.lease_id, c2.claimed_at, c1.lease_id, c1.expires_at
+                    ),
+                );
+            }
+        }
+    }
+
+    // No stale ack accepted: after an ack accepted under L, no claim with a
+    // later attempt may exist, before the ack (stale) or after it (re-leased).
+    for (id, list) in &settles {
+        for (outcome, s) in list {
+            if s.kind != SettleKind::Ack || !accepted(*outcome) {
+                continue;
+            }
+            let mine = claims
+                .get(id)
+                .and_then(|l| l.iter().find(|(_, c)| c.lease_id == s.lease_id));
+            let Some((attempt, _)) = mine else {
+                v(
+                    "no stale ack accepted",
+                    id,
+                    format!(
+                        "ack accepted under lease {}, which never claimed it",
+                        s.lease_id
+                    ),
+                );
+                continue;
+            };
+            for (later, c) in claims.get(id).into_iter().flatten() {
+                if later <= attempt {
+                    continue;
+                }
+                let when = if c.end <= s.start {
+                    "before the ack: a stale ack was accepted"
+                } else if c.start >= s.end {
+                    "after the ack: a published row was leased again"
+                } else {
+                    "while the ack ran"
+                };
+                v(
+                    "no stale ack accepted",
+                    id,
+                    format!(
+                        "ack {outcome:?} under lease {} (attempt {attempt}), yet lease {} claimed it as attempt {later} {when}",
+                        s.lease_id, c.lease_id
+                    ),
+                );
+            }
+        }
+    }
+
+    // Duplicates bounded by what was in flight.
+    let mut claimed_twice = Vec::new();
+    for (id, row) in finals {
+        let delivered = deliveries.get(id.as_str()).map_or(0, Vec::len);
+        if delivered > row.attempts as usize {
+            v(
+                "duplicates bounded",
+                id,
+                format!(
+                    "delivered {delivered} times but claimed only {} times",
+                    row.attempts
+                ),
+            );
+        }
+        let mut attempts: Vec<u32> = deliveries
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.attempt)
+            .collect();
+        attempts.sort_unstable();
+        if let Some(twice) = attempts.windows(2).find(|w| w[0] == w[1]) {
+            v(
+                "duplicates bounded",
+                id,
+                format!(
+                    "published twice as attempt {}: one claim, two deliveries",
+                    twice[0]
+                ),
+            );
+        }
+        if row.attempts > 1 {
+            claimed_twice.push(id.as_str());
+        }
+    }
+    // The brief's bound is a count (no more events claimed twice than were
+    // under lease when a fault hit); checked per event, which implies it.
+    let mut outside: Vec<&str> = claimed_twice
+        .iter()
+        .copied()
+        .filter(|id| !rec.exposed.contains(*id))
+        .collect();
+    outside.sort_unstable();
+    for id in &outside {
+        v(
+            "duplicates bounded",
+            id,
+            format!(
+                "claimed {} times, yet it was never under lease when a fault hit, nor nacked, \
+                 nor held past its lease ({} events claimed more than once, {} exposed)",
+                finals[*id].attempts,
+                claimed_twice.len(),
+                rec.exposed.len(),
+            ),
+        );
+    }
+
+    let delivered_ids = deliveries.len();
+    let figures = Figures {
+        events: rec.committed.len(),
+        deliveries: rec.deliveries.len(),
+        duplicates: rec.deliveries.len() - delivered_ids,
+        claimed_twice: claimed_twice.len(),
+        exposed: rec.exposed.len(),
+        fenced: rec
+            .settles
+            .iter()
+            .filter(|s| s.kind == SettleKind::Ack)
+            .flat_map(|s| &s.outcomes)
+            .filter(|(_, o)| *o == Outcome::LeaseLost)
+            .count(),
+        dead_lettered: finals.values().filter(|r| r.dead_lettered).count(),
+        faults: rec.faults.len(),
+        recoveries: rec.recoveries,
+        failed_calls: rec.failed_calls,
+        slowest_settle: rec
+            .settles
+            .iter()
+            .map(|s| s.end.saturating_sub(s.start))
+            .max()
+            .unwrap_or_default(),
+    };
+    let report = report(rec, finals, &violations, &claims, &settles, &deliveries);
+    Verdict {
+        violations,
+        figures,
+        report,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:>9.3}s", d.as_secs_f64())
+}
+
+/// Each violation with its message's claims, deliveries and settles in time
+/// order, the faults of the case and the row's final state.
+fn report(
+    rec: &Recorded,
+    finals: &HashMap<String, FinalRow>,
+    violations: &[Violation],
+    claims: &HashMap<&str, Vec<(u32, &Claim)>>,
+    settles: &HashMap<&str, Vec<(Outcome, &Settle)>>,
+    deliveries: &HashMap<&str, Vec<&Delivery>>,
+) -> String {
+    let mut out = String::new();
+    let mut shown = HashSet::new();
+    for violation in violations {
+        let id = violation.message_id.as_str();
+        let _ = writeln!(
+            out,
+            "VIOLATION [{}] {id}: {}",
+            violation.rule, violation.detail
+        );
+        // One history per message, and not hundreds of them.
+        if !shown.insert(id) || shown.len() > 10 {
+            continue;
+        }
+        let mut lines: Vec<(Duration, String)> = Vec::new();
+        for (attempt, c) in claims.get(id).into_iter().flatten() {
+            lines.push((
+                c.start,
+                format!(
+                    "claim   [{} .. {}] lease {} attempt {attempt} by {} (db: claimed {}, expires {})",
+                    ms(c.start),
+                    ms(c.end),
+                    c.lease_id,
+                    c.worker,
+                    c.claimed_at.format("%H:%M:%S%.6f"),
+                    c.expires_at.format("%H:%M:%S%.6f"),
+                ),
+            ));
+        }
+        for d in deliveries.get(id).into_iter().flatten() {
+            lines.push((
+                d.at,
+                format!(
+                    "deliver  {}          lease {:?} attempt {:?}",
+                    ms(d.at),
+                    d.lease_id,
+                    d.attempt
+                ),
+            ));
+        }
+        for (outcome, s) in settles.get(id).into_iter().flatten() {
+            lines.push((
+                s.start,
+                format!(
+                    "{:<7} [{} .. {}] lease {} by {}: {outcome:?}",
+                    format!("{:?}", s.kind).to_lowercase(),
+                    ms(s.start),
+                    ms(s.end),
+                    s.lease_id,
+                    s.worker
+                ),
+            ));
+        }
+        for (at, what) in &rec.faults {
+            lines.push((*at, format!("fault    {}          {what}", ms(*at))));
+        }
+        lines.sort_by_key(|(at, _)| *at);
+        for (_, line) in lines {
+            let _ = writeln!(out, "    {line}");
+        }
+        let _ = writeln!(
+            out,
+            "    final: {:?}; under lease at a fault: {}",
+            finals.get(id),
+            rec.exposed.contains(id)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    fn db(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(1_800_000_000_000 + ms).expect("in range")
+    }
+
+    fn claim(lease: &str, id: &str, attempt: u32, start: u64, end: u64) -> Claim {
+        Claim {
+            worker: format!("w-{lease}"),
+            lease_id: lease.into(),
+            messages: vec![(id.into(), attempt)],
+            start: at(start),
+            end: at(end),
+            claimed_at: db(start as i64),
+            expires_at: db(start as i64 + 2000),
+        }
+    }
+
+    fn ack(lease: &str, id: &str, outcome: Outcome, start: u64, end: u64) -> Settle {
+        Settle {
+            kind: SettleKind::Ack,
+            worker: format!("w-{lease}"),
+            lease_id: lease.into(),
+            start: at(start),
+            end: at(end),
+            outcomes: vec![(id.into(), outcome)],
+        }
+    }
+
+    fn delivery(lease: &str, id: &str, ms: u64) -> Delivery {
+        Delivery {
+            message_id: id.into(),
+            lease_id: Some(lease.into()),
+            attempt: None,
+            at: at(ms),
+        }
+    }
+
+    fn published(lease: &str, attempts: u32) -> FinalRow {
+        FinalRow {
+            published: true,
+            dead_lettered: false,
+            last_error: None,
+            attempts,
+            lease_id: Some(lease.into()),
+        }
+    }
+
+    /// Lease A claims m and lets it expire; B claims it after the expiry,
+    /// publishes and acks; A's late ack is fenced off.
+    fn good() -> (Recorded, HashMap<String, FinalRow>) {
+        let rec = Recorded {
+            committed: ["m".to_owned()].into(),
+            claims: vec![claim("A", "m", 1, 0, 10), claim("B", "m", 2, 2500, 2510)],
+            deliveries: vec![delivery("A", "m", 20), delivery("B", "m", 2520)],
+            settles: vec![
+                ack("B", "m", Outcome::Ok, 2530, 2540),
+                ack("A", "m", Outcome::LeaseLost, 3000, 3010),
+            ],
+            exposed: ["m".to_owned()].into(),
+            ..Recorded::default()
+        };
+        let finals = [("m".to_owned(), published("B", 2))].into();
+        (rec, finals)
+    }
+
+    fn rules(verdict: &Verdict) -> Vec<&'static str> {
+        verdict.violations.iter().map(|v| v.rule).collect()
+    }
+
+    #[test]
+    fn a_history_that_keeps_the_rules_passes() {
+        let (rec, finals) = good();
+        let verdict = check(&rec, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        assert_eq!(verdict.figures.duplicates, 1);
+        assert_eq!(verdict.figures.claimed_twice, 1);
+    }
+
+    #[test]
+    fn a_stale_ack_that_was_accepted_is_reported_with_its_history() {
+        let (mut rec, finals) = good();
+        // A's ack, after B re-claimed the row, came back OK.
+        rec.settles[1].outcomes[0].1 = Outcome::Ok;
+        let verdict = check(&rec, &finals);
+        assert_eq!(
+            rules(&verdict),
+            ["no stale ack accepted"],
+            "{}",
+            verdict.report
+        );
+        assert!(verdict.report.contains("a stale ack was accepted"));
+        assert!(verdict.report.contains("claim"), "the history is printed");
+        assert!(verdict.report.contains("lease B attempt 2"));
+    }
+
+    #[test]
+    fn a_row_claimed_while_its_lease_was_live_is_reported() {
+        let (mut rec, finals) = good();
+        // B claims at 1 s, while A's lease runs until 2 s and A never nacked.
+        rec.claims[1] = claim("B", "m", 2, 1000, 1010);
+        let verdict = check(&rec, &finals);
+        assert_eq!(
+            rules(&verdict),
+            ["never two live leases"],
+            "{}",
+            verdict.report
+        );
+        // A nack of A's lease releases the row early: no longer a violation.
+        rec.settles.push(Settle {
+            kind: SettleKind::Nack,
+            ..ack("A", "m", Outcome::Ok, 500, 510)
+        });
+        assert!(check(&rec, &finals).violations.is_empty());
+    }
+
+    #[test]
+    fn an_event_never_published_or_published_without_a_delivery_is_lost() {
+        let (rec, mut finals) = good();
+        finals.insert(
+            "m".into(),
+            FinalRow {
+                published: false,
+                ..published("B", 2)
+            },
+        );
+        assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
+        let (mut rec, finals) = good();
+        rec.deliveries
+            .retain(|d| d.lease_id.as_deref() == Some("A"));
+        assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
+    }
+
+    #[test]
+    fn broker_deliveries_are_checked_by_the_attempt_they_carry() {
+        let (mut rec, finals) = good();
+        rec.claims.clear();
+        rec.settles.clear();
+        let by_broker = |attempt| Delivery {
+            lease_id: None,
+            attempt: Some(attempt),
+            ..delivery("-", "m", 0)
+        };
+        rec.deliveries = vec![by_broker(1), by_broker(2)];
+        assert!(check(&rec, &finals).violations.is_empty());
+        // Published as attempt 2 (acked by that claim), but only attempt 1 arrived.
+        rec.deliveries = vec![by_broker(1)];
+        assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
+        // One claim, two publishes.
+        rec.deliveries = vec![by_broker(2), by_broker(2)];
+        assert_eq!(rules(&check(&rec, &finals)), ["duplicates bounded"]);
+    }
+
+    #[test]
+    fn duplicates_beyond_claims_or_beyond_what_was_in_flight_are_reported() {
+        let (mut rec, finals) = good();
+        rec.deliveries.push(delivery("B", "m", 2525));
+        assert_eq!(rules(&check(&rec, &finals)), ["duplicates bounded"]);
+        let (mut rec, finals) = good();
+        rec.exposed.clear();
+        let verdict = check(&rec, &finals);
+        assert_eq!(
+            rules(&verdict),
+            ["duplicates bounded"],
+            "{}",
+            verdict.report
+        );
+    }
+}
