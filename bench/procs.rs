@@ -121,16 +121,30 @@ impl Proc {
     }
 
     /// Waits until the process accepts TCP connections on `addr`.
-    pub async fn wait_listening(
+    /// Waits until outboxd answers its health check with SERVING. It binds
+    /// its port before reaching the database and migrating, so a port that
+    /// accepts connections is not yet a server that answers.
+    pub async fn wait_serving(
         &mut self,
         addr: SocketAddr,
         timeout: Duration,
     ) -> anyhow::Result<()> {
+        use tonic_health::pb::{
+            HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+        };
         let deadline = tokio::time::Instant::now() + timeout;
-        for _ in 0..100_000 {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(1));
+        loop {
             self.check_alive()?;
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return Ok(());
+            if let Ok(channel) = endpoint.connect().await {
+                let answer = HealthClient::new(channel)
+                    .check(HealthCheckRequest::default())
+                    .await;
+                if answer.is_ok_and(|a| a.into_inner().status == ServingStatus::Serving as i32) {
+                    return Ok(());
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 break;
@@ -138,7 +152,7 @@ impl Proc {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         bail!(
-            "{} not listening on {addr} after {timeout:?}:\n{}",
+            "{} not serving on {addr} after {timeout:?}:\n{}",
             self.name,
             self.log_tail()
         )
@@ -218,7 +232,7 @@ pub async fn start_outboxd_with(
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let mut proc = Proc::spawn(&format!("outboxd-{tag}"), &bins.outboxd, &args, log_dir)?;
     proc.metrics = Some(metrics);
-    proc.wait_listening(addr, Duration::from_secs(60)).await?;
+    proc.wait_serving(addr, Duration::from_secs(60)).await?;
     Ok((proc, addr))
 }
 

@@ -1634,7 +1634,9 @@ async fn explain_claim(
         .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
         .replace("$3", "'60 seconds'")
         .replace("$4", "'outbox-bench'")
-        .replace("$5", "10");
+        .replace("$5", "10")
+        .replace("$6", "3145728")
+        .replace("$7", "8388608");
     let mut tx = conn.begin().await.context("BEGIN")?;
     let lines: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS, WAL) {sql}"
