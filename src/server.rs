@@ -185,7 +185,8 @@ impl Server {
         let store = tokio::select! {
             store = prepare => store?,
             () = cancel.cancelled() => return Err(StartError::Interrupted),
-        };
+        }
+        .with_statement_timeout(db.statement_timeout);
         let notifications = wakeup::connect(&store)
             .await
             .context("listening for outbox notifications")?;

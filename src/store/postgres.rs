@@ -46,7 +46,13 @@ struct Outbox {
 pub struct PgStore {
     pool: PgPool,
     outboxes: Arc<HashMap<String, Outbox>>,
+    /// How long a statement may go unanswered (see `bounded`).
+    deadline: Duration,
 }
+
+/// Time for PostgreSQL's own statement-timeout error to arrive before
+/// outboxd stops waiting for it.
+const STATEMENT_GRACE: Duration = Duration::from_secs(1);
 
 impl PgStore {
     /// Adopts (or verifies) every configured table and builds its statements.
@@ -76,6 +82,7 @@ impl PgStore {
         Ok(Self {
             pool,
             outboxes: Arc::new(outboxes),
+            deadline: Duration::from_secs(5) + STATEMENT_GRACE,
         })
     }
 
@@ -116,6 +123,30 @@ impl PgStore {
     /// profiles. With `test_before_acquire` off, the two paths hand out the same
     /// connection; `try_acquire` never jumps the queue, since released permits
     /// go to waiters first. Only when none is idle does the call wait in line.
+    /// A statement that has not answered within `--statement-timeout` and a
+    /// grace is abandoned: PostgreSQL ends a slow one itself at the timeout,
+    /// so this catches a link that stalled, where its answer cannot arrive.
+    /// The caller's `StatementConn` then closes the connection.
+    async fn bounded<T>(
+        &self,
+        statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.deadline, statement).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer from the database within {}",
+                humantime::format_duration(self.deadline)
+            ))),
+        }
+    }
+
+    /// Bounds every statement at `statement_timeout` plus a grace for the
+    /// database's own timeout error to arrive.
+    pub fn with_statement_timeout(mut self, statement_timeout: Duration) -> Self {
+        self.deadline = statement_timeout + STATEMENT_GRACE;
+        self
+    }
+
     async fn conn(&self) -> Result<StatementConn, StoreError> {
         let conn = match self.pool.try_acquire() {
             Some(conn) => conn,
@@ -139,15 +170,18 @@ impl PgStore {
         let outbox = self.outbox(req.outbox.as_str())?;
         let lease_id = LeaseId::generate();
         let mut conn = self.conn().await?;
-        let rows = sqlx::query(AssertSqlSafe(outbox.sql.claim.clone()))
-            .bind(i64::from(req.max_messages))
-            .bind(lease_id.as_uuid())
-            .bind(req.lease)
-            .bind(req.worker_id.as_str())
-            .bind(max_attempts(&outbox.spec))
-            .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
-            .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
-            .fetch_all(&mut *conn)
+        let rows = self
+            .bounded(
+                sqlx::query(AssertSqlSafe(outbox.sql.claim.clone()))
+                    .bind(i64::from(req.max_messages))
+                    .bind(lease_id.as_uuid())
+                    .bind(req.lease)
+                    .bind(req.worker_id.as_str())
+                    .bind(max_attempts(&outbox.spec))
+                    .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
+                    .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
+                    .fetch_all(&mut *conn),
+            )
             .await?;
         conn.finish();
 
@@ -200,10 +234,13 @@ impl PgStore {
         let lease = req.lease_id.as_uuid();
         let ids = uuids(&req.message_ids);
         let mut conn = self.conn().await?;
-        let mut rows = sqlx::query(AssertSqlSafe(outbox.sql.ack_held.clone()))
-            .bind(lease)
-            .bind(&ids)
-            .fetch_all(&mut *conn)
+        let mut rows = self
+            .bounded(
+                sqlx::query(AssertSqlSafe(outbox.sql.ack_held.clone()))
+                    .bind(lease)
+                    .bind(&ids)
+                    .fetch_all(&mut *conn),
+            )
             .await?;
         let settled = rows
             .iter()
@@ -214,11 +251,13 @@ impl PgStore {
         rest.dedup();
         if !rest.is_empty() {
             rows.extend(
-                sqlx::query(AssertSqlSafe(outbox.sql.ack.clone()))
-                    .bind(lease)
-                    .bind(rest)
-                    .fetch_all(&mut *conn)
-                    .await?,
+                self.bounded(
+                    sqlx::query(AssertSqlSafe(outbox.sql.ack.clone()))
+                        .bind(lease)
+                        .bind(rest)
+                        .fetch_all(&mut *conn),
+                )
+                .await?,
             );
         }
         conn.finish();
@@ -232,15 +271,18 @@ impl PgStore {
             .backoff
             .schedule(policy.max_attempts, &mut rand::rng());
         let mut conn = self.conn().await?;
-        let rows = sqlx::query(AssertSqlSafe(outbox.sql.nack.clone()))
-            .bind(req.lease_id.as_uuid())
-            .bind(uuids(&req.message_ids))
-            .bind(&req.error)
-            .bind(req.retry_after.map(|d| d.as_secs_f64()))
-            .bind(schedule)
-            .bind(req.dead_letter)
-            .bind(max_attempts(&outbox.spec))
-            .fetch_all(&mut *conn)
+        let rows = self
+            .bounded(
+                sqlx::query(AssertSqlSafe(outbox.sql.nack.clone()))
+                    .bind(req.lease_id.as_uuid())
+                    .bind(uuids(&req.message_ids))
+                    .bind(&req.error)
+                    .bind(req.retry_after.map(|d| d.as_secs_f64()))
+                    .bind(schedule)
+                    .bind(req.dead_letter)
+                    .bind(max_attempts(&outbox.spec))
+                    .fetch_all(&mut *conn),
+            )
             .await?;
         conn.finish();
         settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
@@ -254,11 +296,14 @@ impl PgStore {
             &outbox.sql.extend
         };
         let mut conn = self.conn().await?;
-        let rows = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(req.lease_id.as_uuid())
-            .bind(uuids(&req.message_ids))
-            .bind(req.lease)
-            .fetch_all(&mut *conn)
+        let rows = self
+            .bounded(
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(req.lease_id.as_uuid())
+                    .bind(uuids(&req.message_ids))
+                    .bind(req.lease)
+                    .fetch_all(&mut *conn),
+            )
             .await?;
         conn.finish();
         let mut settled = if req.message_ids.is_empty() {
@@ -287,8 +332,8 @@ impl PgStore {
     pub async fn stats(&self, outbox: &str) -> Result<Stats, StoreError> {
         let outbox = self.outbox(outbox)?;
         let mut conn = self.conn().await?;
-        let row = sqlx::query(AssertSqlSafe(outbox.sql.stats.clone()))
-            .fetch_one(&mut *conn)
+        let row = self
+            .bounded(sqlx::query(AssertSqlSafe(outbox.sql.stats.clone())).fetch_one(&mut *conn))
             .await?;
         conn.finish();
         stats_of(&row)
@@ -324,9 +369,12 @@ impl PgStore {
             return Ok(0);
         };
         let mut conn = self.conn().await?;
-        let value = sqlx::query_scalar(PROBE)
-            .bind(sequence)
-            .fetch_one(&mut *conn)
+        let value = self
+            .bounded(
+                sqlx::query_scalar(PROBE)
+                    .bind(sequence)
+                    .fetch_one(&mut *conn),
+            )
             .await?;
         conn.finish();
         Ok(value)
@@ -337,11 +385,13 @@ impl PgStore {
     pub async fn mark_quiet(&self, outbox: &str, period: Duration) -> Result<(), StoreError> {
         let outbox = self.outbox(outbox)?;
         let mut conn = self.conn().await?;
-        sqlx::query(MARK_QUIET)
-            .bind(outbox.relid)
-            .bind(period.as_secs_f64())
-            .execute(&mut *conn)
-            .await?;
+        self.bounded(
+            sqlx::query(MARK_QUIET)
+                .bind(outbox.relid)
+                .bind(period.as_secs_f64())
+                .execute(&mut *conn),
+        )
+        .await?;
         conn.finish();
         Ok(())
     }
@@ -351,10 +401,13 @@ impl PgStore {
     pub async fn purge_published(&self, outbox: &str, limit: i64) -> Result<u64, StoreError> {
         let outbox = self.outbox(outbox)?;
         let mut conn = self.conn().await?;
-        let done = sqlx::query(AssertSqlSafe(outbox.sql.purge.clone()))
-            .bind(outbox.spec.policy.retention)
-            .bind(limit)
-            .execute(&mut *conn)
+        let done = self
+            .bounded(
+                sqlx::query(AssertSqlSafe(outbox.sql.purge.clone()))
+                    .bind(outbox.spec.policy.retention)
+                    .bind(limit)
+                    .execute(&mut *conn),
+            )
             .await?;
         conn.finish();
         Ok(done.rows_affected())

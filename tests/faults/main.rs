@@ -166,3 +166,36 @@ async fn outboxd_backends_terminated_listener_included_lose_nothing() {
     .await;
     drop(server);
 }
+
+/// Regression: a stalled database link held a call as long as the stall
+/// lasted when its client set no deadline. outboxd now gives up on an
+/// unanswered statement at `--statement-timeout` (5 s) plus a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_link_answers_unavailable_within_the_statement_timeout() {
+    use outboxd::grpc::pb::{GetStatsRequest, outbox_service_client::OutboxServiceClient};
+
+    let _turn = TURN.lock().await;
+    let db = TestDb::create().await;
+    let proxy = Proxy::start(TestDb::upstream()).await;
+    let server = Outboxd::start(&db.url_via(proxy.addr()), free_port()).await;
+    let mut client = OutboxServiceClient::connect(server.url())
+        .await
+        .expect("a client without a deadline");
+    // Warm the pool, so the call below picks up an open connection.
+    client
+        .get_stats(GetStatsRequest::default())
+        .await
+        .expect("stats before the stall");
+    proxy.stall();
+    let began = Instant::now();
+    let answer = tokio::time::timeout(secs(30), client.get_stats(GetStatsRequest::default()))
+        .await
+        .expect("an answer while the link is stalled");
+    let took = began.elapsed();
+    proxy.resume();
+    let status = answer.expect_err("no stats through a stalled link");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(took < secs(10), "answered within the limit: {took:?}");
+    println!("stalled link: UNAVAILABLE after {took:?}");
+    drop(server);
+}
