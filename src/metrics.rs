@@ -6,7 +6,6 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -96,13 +95,6 @@ impl Metrics {
             tracing::warn!("metrics exporter did not flush in time");
         }
     }
-}
-
-/// Binds the metrics listener; done before serving so a taken port fails start-up.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("binding metrics listener {addr}: {e}"))
 }
 
 /// Serves `GET /metrics` until `cancel`.
