@@ -12,7 +12,7 @@
 
 ARG RUST_VERSION=1.95
 
-# ---- build: both binaries, release mode, exactly the locked dependencies ----
+# ---- build: both binaries (packages outboxd and outbox-relay), release mode, exactly the locked dependencies ----
 # Debian bookworm, so the binaries link against the same glibc as the runtime image.
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
@@ -20,12 +20,19 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY migrations ./migrations
 COPY src ./src
+COPY runtime ./runtime
+COPY relay ./relay
+# The benchmark is a workspace member with its own dependencies; only its
+# manifest and a stub are needed for cargo to load the workspace (nothing of
+# it is built: `--bin outboxd --bin outbox-relay` select two other members).
+COPY bench/Cargo.toml ./bench/Cargo.toml
+RUN mkdir -p bench/src && echo 'fn main() {}' > bench/src/main.rs
 # The registry and target caches survive between builds; the binaries are copied
 # out of the cached target directory within the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin outboxd --bin outbox-relay \
+    cargo build --release --locked -p outboxd -p outbox-relay --bin outboxd --bin outbox-relay \
     && install -D -m 0755 target/release/outboxd /out/outboxd \
     && install -D -m 0755 target/release/outbox-relay /out/outbox-relay
 

@@ -6,27 +6,55 @@
 //! ack. Every call is one short autocommit statement and the database clock is
 //! the only lease clock, so any number of stateless replicas can serve one database.
 //!
-//! Layers, dependencies pointing inward:
+//! The client side is always built: [`pb`] (the generated `outbox.v1` types and
+//! client), [`client`] and [`backoff`]. A Rust worker depends on
+//! `outboxd = { default-features = false }` and gets nothing else.
+//!
+//! The server (feature `server`, on by default), layers pointing inward:
 //! - [`lease`]: the rules (ids, limits, backoff, outcomes), no I/O;
 //! - [`store`]: all SQL, per configured outbox;
 //! - [`service`], [`wakeup`] and [`watch`]: the use cases, and long-poll fan-out
 //!   from NOTIFY or, while inserts keep arriving, from the table's sequence;
 //! - [`grpc`]: validation, conversions and the one status mapping;
-//! - [`server`]: the composition root, with [`config`], [`shutdown`], [`telemetry`].
+//! - [`server`]: the composition root, with [`config`], [`telemetry`] and [`metrics`].
 
+pub mod backoff;
+pub mod client;
+
+/// Generated `outbox.v1` types, client and server.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("outbox.v1");
+
+    /// The compiled proto, served by gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/outbox_descriptor.bin"));
+}
+
+#[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
 mod error;
+#[cfg(feature = "server")]
 pub mod grpc;
+#[cfg(feature = "server")]
 pub mod lease;
+#[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
 pub mod outbox;
-pub mod relay;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod service;
-pub mod shutdown;
+#[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
 pub mod wakeup;
+#[cfg(feature = "server")]
 pub mod watch;
 
+#[cfg(feature = "server")]
 pub use error::Error;

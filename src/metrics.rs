@@ -1,123 +1,21 @@
-//! Metrics: every name defined once here, exposed in the Prometheus text format
-//! on `--metrics-listen` and pushed over OTLP when an endpoint is configured.
-//!
-//! Each server or relay owns its meter provider (not the global one), so two
-//! servers in one process — as in the tests — never mix their numbers.
+//! outboxd's metrics: every name defined once here. The endpoint and exporters
+//! are `outbox_runtime::metrics`.
 
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, Histogram, Meter, MeterProvider as _, ObservableGauge},
+    metrics::{Counter, Histogram, ObservableGauge},
 };
-use opentelemetry_sdk::{
-    metrics::{SdkMeterProvider, periodic_reader_with_async_runtime::PeriodicReader},
-    runtime,
-};
-use prometheus::{Encoder, TextEncoder};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-use crate::{store::Stats, telemetry};
+use outbox_runtime::metrics::{AGE_BUCKETS, BATCH_BUCKETS, LATENCY_BUCKETS};
 
-/// Latency buckets (seconds) from a millisecond to a minute.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-/// Commit-to-ack buckets (seconds): up to an hour, where a stuck outbox shows.
-const AGE_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-];
-const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+use crate::lease::Stats;
 
-/// A meter provider with its Prometheus registry (and an OTLP reader if configured).
-#[derive(Debug, Clone)]
-pub struct Metrics {
-    provider: SdkMeterProvider,
-    registry: prometheus::Registry,
-}
-
-impl Metrics {
-    /// Must be called inside the tokio runtime that will push OTLP metrics.
-    pub fn new(service: &str) -> anyhow::Result<Self> {
-        let registry = prometheus::Registry::new();
-        let prometheus = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            // Names here already carry their unit and `_total`.
-            .without_units()
-            .without_counter_suffixes()
-            .build()?;
-        let mut builder = SdkMeterProvider::builder()
-            .with_resource(telemetry::resource(service))
-            .with_reader(prometheus);
-        let otlp = [
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-        ]
-        .iter()
-        .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty()));
-        if otlp {
-            let exporter = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .build()?;
-            builder =
-                builder.with_reader(PeriodicReader::builder(exporter, runtime::Tokio).build());
-        }
-        Ok(Self {
-            provider: builder.build(),
-            registry,
-        })
-    }
-
-    pub fn meter(&self, scope: &'static str) -> Meter {
-        self.provider.meter(scope)
-    }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut out = Vec::new();
-        if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
-            tracing::warn!(error = %err, "metrics encoding failed");
-        }
-        String::from_utf8(out).unwrap_or_default()
-    }
-
-    /// Pushes what is pending and stops the readers, bounded.
-    pub async fn shutdown(self, deadline: Duration) {
-        let provider = self.provider;
-        let flush = tokio::task::spawn_blocking(move || provider.shutdown());
-        if tokio::time::timeout(deadline, flush).await.is_err() {
-            tracing::warn!("metrics exporter did not flush in time");
-        }
-    }
-}
-
-/// Serves `GET /metrics` until `cancel`.
-pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: CancellationToken) {
-    async fn scrape(State(metrics): State<Metrics>) -> impl IntoResponse {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            metrics.render(),
-        )
-    }
-    let app = Router::new()
-        .route("/metrics", get(scrape))
-        .with_state(metrics);
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
-    {
-        tracing::warn!(error = %err, "metrics endpoint stopped");
-    }
-}
+pub use outbox_runtime::metrics::{Metrics, serve};
 
 /// outboxd's instruments. Counters and histograms carry an `outbox` label.
 #[derive(Debug, Clone)]
@@ -295,100 +193,6 @@ impl ServerMetrics {
     fn add(&self, counter: &Counter<u64>, outbox: &str, n: usize) {
         if n > 0 {
             counter.add(n as u64, &[KeyValue::new("outbox", outbox.to_owned())]);
-        }
-    }
-}
-
-/// outbox-relay's instruments, labelled by exchange.
-#[derive(Debug, Clone)]
-pub struct RelayMetrics {
-    published: Counter<u64>,
-    confirmed: Counter<u64>,
-    returned: Counter<u64>,
-    broker_nacked: Counter<u64>,
-    failed: Counter<u64>,
-    publish_duration: Histogram<f64>,
-}
-
-/// How one publish ended, for the relay's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishResult {
-    Confirmed,
-    Returned,
-    BrokerNacked,
-    Failed,
-}
-
-impl RelayMetrics {
-    pub fn new(metrics: &Metrics) -> Self {
-        let meter = metrics.meter("outbox-relay");
-        let counter = |name: &'static str, help: &'static str| {
-            meter.u64_counter(name).with_description(help).build()
-        };
-        Self {
-            published: counter(
-                "outbox_relay_published_total",
-                "Messages sent to the broker.",
-            ),
-            confirmed: counter(
-                "outbox_relay_confirmed_total",
-                "Messages the broker confirmed.",
-            ),
-            returned: counter(
-                "outbox_relay_returned_total",
-                "Messages the broker returned as unroutable (mandatory).",
-            ),
-            broker_nacked: counter(
-                "outbox_relay_broker_nacked_total",
-                "Messages the broker nacked.",
-            ),
-            failed: counter(
-                "outbox_relay_publish_failed_total",
-                "Publishes that failed or timed out before a confirm (connection loss).",
-            ),
-            publish_duration: meter
-                .f64_histogram("outbox_relay_publish_duration_seconds")
-                .with_description("From sending a message to its broker confirm.")
-                .with_unit("s")
-                .with_boundaries(LATENCY_BUCKETS.to_vec())
-                .build(),
-        }
-    }
-
-    pub fn published(&self, exchange: &str, n: usize) {
-        self.published
-            .add(n as u64, &[KeyValue::new("exchange", exchange.to_owned())]);
-    }
-
-    /// A batch's outcomes, each with its seconds from send to confirm; counted
-    /// per batch, with the label built once, since this runs for every message.
-    pub fn settled(
-        &self,
-        exchange: &str,
-        outcomes: impl IntoIterator<Item = (PublishResult, f64)>,
-    ) {
-        let attrs = [KeyValue::new("exchange", exchange.to_owned())];
-        let (mut confirmed, mut returned, mut nacked, mut failed) = (0, 0, 0, 0);
-        for (result, seconds) in outcomes {
-            match result {
-                PublishResult::Confirmed => {
-                    confirmed += 1;
-                    self.publish_duration.record(seconds, &attrs);
-                }
-                PublishResult::Returned => returned += 1,
-                PublishResult::BrokerNacked => nacked += 1,
-                PublishResult::Failed => failed += 1,
-            }
-        }
-        for (counter, n) in [
-            (&self.confirmed, confirmed),
-            (&self.returned, returned),
-            (&self.broker_nacked, nacked),
-            (&self.failed, failed),
-        ] {
-            if n > 0 {
-                counter.add(n, &attrs);
-            }
         }
     }
 }

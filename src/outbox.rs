@@ -3,6 +3,8 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
+use outbox_runtime::cli::parse_duration;
+
 use crate::lease::BackoffPolicy;
 
 /// A `schema.table` whose parts passed `^[a-z_][a-z0-9_]{0,62}$`, so quoting them
@@ -199,14 +201,6 @@ impl FromStr for OutboxArg {
     }
 }
 
-/// Durations in configuration: humantime (`500ms`, `30s`, `7d`), or a bare `0`.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
-    if raw == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(raw).map_err(|e| format!("invalid duration {raw:?}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,15 +248,39 @@ mod tests {
 
     #[test]
     fn bad_outbox_args_say_why() {
-        for bad in [
-            "noequals",
-            "=public.outbox",
-            "x=Public.outbox",
-            "x=public.outbox:max_attempts=0",
-            "x=public.outbox:colour=blue",
-            "x=public.outbox:retention=forever",
+        for (bad, why) in [
+            ("noequals", "expected NAME=SCHEMA.TABLE"),
+            ("=public.outbox", "outbox name must be 1-63 characters"),
+            ("x y=public.outbox", "outbox name must be 1-63 characters"),
+            ("x=Public.outbox", "\"Public\""),
+            (
+                "x=public.outbox:max_attempts=0",
+                "max_attempts: must be at least 1",
+            ),
+            (
+                "x=public.outbox:max_attempts=many",
+                "max_attempts: invalid digit",
+            ),
+            ("x=public.outbox:colour=blue", "unknown option \"colour\""),
+            (
+                "x=public.outbox:retention=forever",
+                "retention: invalid duration",
+            ),
+            (
+                "x=public.outbox:backoff_factor=20",
+                "backoff_factor: must be between 1 and 10",
+            ),
+            (
+                "x=public.outbox:nokey",
+                "option \"nokey\" must be key=value",
+            ),
         ] {
-            assert!(bad.parse::<OutboxArg>().is_err(), "{bad}");
+            let err = bad.parse::<OutboxArg>().expect_err(bad);
+            assert!(err.contains(why), "{bad}: {err:?} does not say {why:?}");
+            assert!(
+                err.starts_with(&format!("{bad:?}")),
+                "{bad}: {err:?} does not quote the argument"
+            );
         }
     }
 }

@@ -13,10 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     Error,
     lease::{
-        AckRequest, ClaimRequest, ExtendRequest, MessageResult, NackRequest, Outcome, StatsRequest,
+        AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, MessageResult, NackRequest, Outcome,
+        Settled, Stats, StatsRequest,
     },
     metrics::ServerMetrics,
-    store::{ClaimedBatch, PgStore, Settled, Stats},
+    store::PgStore,
     telemetry::{LeaseOutcome, record_lease},
     wakeup::Wakeup,
 };

@@ -2,9 +2,10 @@
 
 use std::{process::ExitCode, time::Duration};
 
+use outbox_runtime::shutdown;
 use outboxd::{
     config::{self, Cli, Command, LogFormat},
-    server, shutdown,
+    server,
     telemetry::{self, Telemetry},
 };
 
@@ -63,7 +64,7 @@ async fn main() -> ExitCode {
 const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
 
 fn start_telemetry(format: LogFormat) -> Option<Telemetry> {
-    match telemetry::init("outboxd", format) {
+    match telemetry::init("outboxd", "outboxd", format) {
         Ok(telemetry) => Some(telemetry),
         Err(err) => {
             eprintln!("outboxd: telemetry set-up failed: {err:#}");

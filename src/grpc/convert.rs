@@ -7,12 +7,9 @@ use chrono::{DateTime, Utc};
 use tonic::metadata::MetadataMap;
 
 use super::pb;
-use crate::{
-    lease::{
-        AckRequest, ClaimRequest, ExtendRequest, FieldViolation, Limits, MessageResult,
-        NackRequest, Outcome, StatsRequest,
-    },
-    store::{ClaimedBatch, ClaimedMessage, Settled, Stats},
+use crate::lease::{
+    AckRequest, ClaimRequest, ClaimedBatch, ClaimedMessage, ExtendRequest, FieldViolation, Limits,
+    MessageResult, NackRequest, Outcome, Settled, Stats, StatsRequest,
 };
 
 fn wire(d: Option<prost_types::Duration>) -> Option<(i64, i32)> {

@@ -8,12 +8,4 @@ mod status;
 
 pub use handler::OutboxApi;
 
-/// Generated `outbox.v1` types, client and server.
-pub mod pb {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("outbox.v1");
-
-    /// The compiled proto, served by gRPC reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/outbox_descriptor.bin"));
-}
+pub use crate::pb;

@@ -13,7 +13,9 @@ use tonic::{
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{metrics::ServerMetrics, telemetry};
+use outbox_runtime::telemetry;
+
+use crate::metrics::ServerMetrics;
 
 /// Reads W3C trace context out of gRPC request metadata.
 struct MetadataExtractor<'a>(&'a MetadataMap);

@@ -4,12 +4,13 @@
 //! `grpc` parses wire requests into these types and `store` executes them, so the
 //! rules are decided here once and unit-tested without a database.
 
-mod backoff;
+mod batch;
 mod ids;
 mod outcome;
 mod request;
 
-pub use backoff::BackoffPolicy;
+pub use crate::backoff::BackoffPolicy;
+pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{

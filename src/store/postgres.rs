@@ -14,14 +14,11 @@ use sqlx::{
 };
 use uuid::Uuid;
 
-use super::{
-    AdoptMode, ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats, StoreError, adopt,
-    statements::Statements,
-};
+use super::{AdoptMode, StoreError, adopt, statements::Statements};
 use crate::{
     lease::{
-        AckRequest, ClaimRequest, ExtendRequest, LeaseId, MessageId, MessageResult, NackRequest,
-        RowState, Settle,
+        AckRequest, ClaimRequest, ClaimedBatch, ClaimedMessage, EndedLease, ExtendRequest, LeaseId,
+        MessageId, MessageResult, NackRequest, RowState, Settle, Settled, Stats,
     },
     outbox::{OutboxSpec, TableRef},
 };

@@ -25,22 +25,24 @@ struct Relay(Child);
 
 impl Relay {
     fn start(server: &Outboxd, rabbit: &Rabbit) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["--server", &server.url()])
-            .args(["--amqp-url", AMQP_URL])
-            .args(["--exchange", &rabbit.exchange, "--no-declare"])
-            .args(["--metrics-listen", "off"])
-            .args(["--lease", "2s"])
-            .args(["--batch-size", &BATCH.to_string()])
-            .args(["--concurrency", &CONCURRENCY.to_string()])
-            .args(["--wait", "1s", "--drain-timeout", "5s"])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn outbox-relay");
+        let child = Command::new(
+            std::path::Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outbox-relay"),
+        )
+        .args(["--server", &server.url()])
+        .args(["--amqp-url", AMQP_URL])
+        .args(["--exchange", &rabbit.exchange, "--no-declare"])
+        .args(["--metrics-listen", "off"])
+        .args(["--lease", "2s"])
+        .args(["--batch-size", &BATCH.to_string()])
+        .args(["--concurrency", &CONCURRENCY.to_string()])
+        .args(["--wait", "1s", "--drain-timeout", "5s"])
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn outbox-relay");
         Self(child)
     }
 

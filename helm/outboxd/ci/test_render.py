@@ -35,8 +35,10 @@ def _struct(source: str, name: str) -> str:
     return match.group(1)
 
 
+# Flags both binaries flatten in (the log format) live in the shared runtime crate.
+CLI_SRC = (REPO / "runtime/src/cli.rs").read_text()
 SERVER_SRC = (REPO / "src/config.rs").read_text()
-RELAY_SRC = (REPO / "src/relay/config.rs").read_text()
+RELAY_SRC = (REPO / "relay/src/config.rs").read_text()
 # Standard OpenTelemetry SDK variables both binaries read.
 OTEL = {
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
@@ -46,8 +48,9 @@ OTEL = {
 # added next to this chart; once in the source they are also found by _env_names.
 SERVER_ENV = _env_names(SERVER_SRC) | OTEL | {"RUST_LOG", "OUTBOXD_METRICS_LISTEN"}
 RELAY_ENV = _env_names(RELAY_SRC) | OTEL | {"RUST_LOG", "OUTBOX_RELAY_METRICS_LISTEN"}
-if "LogArgs" in RELAY_SRC:  # the relay flattens the server's log flags
-    RELAY_ENV |= _env_names(_struct(SERVER_SRC, "LogArgs"))
+for _src, _names in ((SERVER_SRC, SERVER_ENV), (RELAY_SRC, RELAY_ENV)):
+    if "LogArgs" in _src:  # both flatten the shared log flags
+        _names |= _env_names(_struct(CLI_SRC, "LogArgs"))
 
 
 # --- rendering ----------------------------------------------------------------
@@ -376,7 +379,7 @@ def test_chart_reaches_every_flag(render):
 
 
 def _rust_const(name: str) -> int:
-    for path in (REPO / "src").rglob("*.rs"):
+    for path in (REPO / "src").rglob("*.rs"):  # outboxd's own defaults
         match = re.search(r"pub const " + name + r": u64 = ([0-9_ *]+);", path.read_text())
         if match:
             value = 1

@@ -45,7 +45,9 @@ struct Relay {
 
 /// The relay's command line with the test defaults, to add flags to.
 fn relay_command() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let mut cmd = Command::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outbox-relay"),
+    );
     cmd.args(["--wait", "1s", "--drain-timeout", "10s"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

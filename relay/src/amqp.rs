@@ -31,11 +31,10 @@ use super::{
     config::{RelayConfig, RoutingKey, redact_url},
     publisher::{Delivery, Publisher},
 };
-use crate::{
-    grpc::pb::OutboxMessage,
-    metrics::{PublishResult, RelayMetrics},
-    telemetry::{self, fresh_span_context},
-};
+use outbox_runtime::telemetry::{self, fresh_span_context};
+use outboxd::pb::OutboxMessage;
+
+use crate::metrics::{PublishResult, RelayMetrics};
 
 /// The process's broker connection, shared by every slot.
 #[derive(Debug)]
@@ -470,7 +469,9 @@ mod tests {
     use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider};
 
     use super::*;
-    use crate::{metrics::Metrics, relay::RelayArgs};
+    use outbox_runtime::metrics::Metrics;
+
+    use crate::RelayArgs;
 
     /// A broker as `telemetry::init` leaves the process: W3C propagation and
     /// the SDK's tracer (with nothing to export to).

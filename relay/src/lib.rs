@@ -6,6 +6,7 @@
 mod amqp;
 pub mod config;
 mod leases;
+pub mod metrics;
 mod publisher;
 mod worker;
 
@@ -14,7 +15,9 @@ use std::{sync::Arc, time::Duration};
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::metrics::{Metrics, RelayMetrics};
+use outbox_runtime::metrics::{self as endpoint, Metrics};
+
+use crate::metrics::RelayMetrics;
 
 pub use amqp::{AmqpPublisher, Broker};
 pub use config::{MetricsListen, RelayArgs, RelayConfig};
@@ -60,7 +63,7 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let metrics_stop = CancellationToken::new();
     let endpoint = metrics_listener.map(|listener| {
-        tokio::spawn(crate::metrics::serve(
+        tokio::spawn(endpoint::serve(
             listener,
             metrics.clone(),
             metrics_stop.clone(),

@@ -21,7 +21,7 @@ use lapin::{
     protocol::{AMQPErrorKind, AMQPSoftError},
     types::{AMQPValue, FieldTable},
 };
-use outboxd::relay::config::{BrokerArgs, redact_url};
+use outbox_relay::config::{BrokerArgs, redact_url};
 use tokio::time::{Instant, timeout_at};
 
 /// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
@@ -40,7 +40,7 @@ struct Args {
     count: u32,
 
     /// How long to wait for all of them (`90s`, `5m`).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = outbox_runtime::cli::parse_duration, default_value = "60s")]
     timeout: Duration,
 }
 

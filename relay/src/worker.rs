@@ -32,11 +32,11 @@ use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-use super::{
+use crate::{
     leases::Leases,
     publisher::{Delivery, Publisher},
 };
-use crate::{grpc::pb, lease::BackoffPolicy};
+use outboxd::{backoff::BackoffPolicy, pb};
 
 /// What every slot of a relay process shares.
 #[derive(Debug, Clone)]

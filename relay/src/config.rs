@@ -4,10 +4,7 @@ use std::{str::FromStr, time::Duration};
 
 use clap::Parser;
 
-use crate::{
-    config::{ListenAddr, LogArgs},
-    outbox::parse_duration,
-};
+use outbox_runtime::cli::{ListenAddr, LogArgs, parse_duration};
 
 /// outbox-relay: claims from outboxd, publishes to RabbitMQ with confirms, acks.
 #[derive(Debug, Parser)]

@@ -2,7 +2,8 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use outboxd::{config, relay, shutdown, telemetry};
+use outbox_relay as relay;
+use outbox_runtime::{cli as config, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -19,7 +20,7 @@ async fn main() -> ExitCode {
         Ok(listener) => listener,
         Err(reason) => return config::invalid_config("outbox-relay", &sources, &reason),
     };
-    let telemetry = match telemetry::init("outbox-relay", args.log.log_format) {
+    let telemetry = match telemetry::init("outbox-relay", "outbox_relay", args.log.log_format) {
         Ok(telemetry) => telemetry,
         Err(err) => {
             eprintln!("outbox-relay: telemetry set-up failed: {err:#}");

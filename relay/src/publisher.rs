@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use crate::grpc::pb::OutboxMessage;
+use outboxd::pb::OutboxMessage;
 
 /// What became of one published message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,9 +12,10 @@ use tonic::{
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{
-    grpc::pb::{self, outbox_service_client::OutboxServiceClient},
-    telemetry,
+use outbox_runtime::telemetry;
+use outboxd::{
+    client,
+    pb::{self, outbox_service_client::OutboxServiceClient},
 };
 
 pub trait Leases: Clone + Send + Sync + 'static {
@@ -44,26 +45,10 @@ pub struct GrpcLeases {
     call_timeout: Duration,
 }
 
-/// The largest response the relay accepts. outboxd keeps a claim within
-/// `--max-claim-bytes` (3 MiB) but hands out one larger event alone, up to
-/// `--max-message-bytes` (8 MiB by default); gRPC's default limit of 4 MiB
-/// would refuse that claim and leave the event to expire and be redelivered
-/// until it is dead-lettered. This bound leaves room to raise the server's
-/// limit without touching the relays.
-pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
-
 impl GrpcLeases {
     pub fn connect_lazy(server: &str) -> Result<Self, String> {
-        let channel = Channel::from_shared(server.to_owned())
-            .map_err(|e| format!("--server {server:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
         Ok(Self {
-            client: OutboxServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES),
+            client: client::connect_lazy(server).map_err(|e| format!("--server {e}"))?,
             call_timeout: Duration::from_secs(10),
         })
     }

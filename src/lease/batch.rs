@@ -1,0 +1,78 @@
+//! What the lease operations return: a claimed batch, settle results, the
+//! leases that ended (for spans and metrics), an outbox's counts. The store
+//! produces them; the service, the gRPC layer, metrics and telemetry read them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{LeaseId, MessageResult};
+
+/// A message handed out under a lease.
+#[derive(Debug, Clone)]
+pub struct ClaimedMessage {
+    pub id: Uuid,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The stored JSON text.
+    pub payload: String,
+    pub headers: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    /// 1 on first delivery.
+    pub attempt: u32,
+    pub sequence: i64,
+}
+
+/// A lease that ended — settled, or found expired when its row was re-claimed —
+/// with what it takes to report it as a span: its times are the database's.
+#[derive(Debug, Clone)]
+pub struct EndedLease {
+    pub message_id: Uuid,
+    pub lease_id: Option<Uuid>,
+    pub worker_id: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// The settle time, or the expiry of a lease that ran out.
+    pub ended_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub attempt: u32,
+    /// The producer's trace context stored with the event.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    /// The row is dead-lettered now (by this nack, or by the re-claim).
+    pub dead_lettered: bool,
+}
+
+/// What one claim did: the batch, and what it found on the way.
+#[derive(Debug, Clone)]
+pub struct ClaimedBatch {
+    pub lease_id: LeaseId,
+    /// `None` when nothing was claimed.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// In sequence order.
+    pub messages: Vec<ClaimedMessage>,
+    /// Rows that had used up their attempts and were dead-lettered, not handed out.
+    pub dead_lettered: Vec<Uuid>,
+    pub expired_leases: Vec<EndedLease>,
+}
+
+/// The outcome of a settle call, one result per requested id in request order.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub results: Vec<MessageResult>,
+    /// ExtendLease only: the new expiry, by the database clock.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Ack and Nack: the leases this call ended, one per row it changed.
+    pub ended: Vec<EndedLease>,
+}
+
+/// Counts of one outbox, by the database clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    pub pending: u64,
+    pub in_flight: u64,
+    pub dead_lettered: u64,
+    pub oldest_pending_age: std::time::Duration,
+    pub oldest_lease_age: std::time::Duration,
+    pub published_retained: u64,
+}
