@@ -50,6 +50,8 @@ pub mod service;
 #[cfg(feature = "server")]
 pub mod store;
 #[cfg(feature = "server")]
+pub mod tasks;
+#[cfg(feature = "server")]
 pub mod telemetry;
 #[cfg(feature = "server")]
 pub mod wakeup;

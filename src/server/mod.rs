@@ -1,0 +1,322 @@
+//! The composition root: what outboxd runs (the gRPC server and the named
+//! background tasks of [`crate::tasks`]) and the order in which it stops
+//! ([`Running::stop`]). Start-up and its exit codes are [`start`].
+
+mod start;
+
+pub use start::{
+    DDL_LOCK_TIMEOUT, EXIT_DATABASE, MIGRATE_START_TIMEOUT, MIGRATOR, StartError, migrate,
+};
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use sqlx::postgres::PgListener;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::{server::NamedService, transport::server::TcpIncoming};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::{
+    config::Config,
+    grpc::{
+        OutboxApi,
+        pb::{self, outbox_service_server::OutboxServiceServer},
+    },
+    metrics::{self, Metrics, ServerMetrics},
+    service::OutboxService,
+    store::{self, AdoptMode, PgStore},
+    tasks::{Supervisor, gauges, health, retention},
+    wakeup::{self, Wakeup},
+    watch::{self, WatchSettings},
+};
+
+/// The health-service name readiness probes ask about.
+pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>::NAME;
+
+/// A server whose database is ready and whose ports are bound, not yet serving.
+pub struct Server {
+    config: Config,
+    store: PgStore,
+    notifications: PgListener,
+    listener: TcpListener,
+    metrics_listener: TcpListener,
+}
+
+impl Server {
+    /// Binds both listeners first, so a port in use fails before any
+    /// connection or migration; then waits for the database (see
+    /// `store::connect`), migrates unless told not to, and checks the tables.
+    pub async fn build(config: Config, cancel: &CancellationToken) -> Result<Self, StartError> {
+        let listener = config
+            .listen
+            .bind("--listen (OUTBOXD_LISTEN)")
+            .await
+            .map_err(StartError::Listen)?;
+        let metrics_listener = config
+            .metrics_listen
+            .bind("--metrics-listen (OUTBOXD_METRICS_LISTEN)")
+            .await
+            .map_err(StartError::Listen)?;
+        let db = &config.database;
+        let pool = store::connect(&db.connect_settings(None), cancel).await?;
+        let prepare = async {
+            let mode = if config.migrate {
+                start::run_migrations(db, &pool).await?;
+                AdoptMode::Create
+            } else {
+                AdoptMode::Verify
+            };
+            PgStore::open(pool.clone(), &db.outboxes, mode)
+                .await
+                .map_err(|e| start::start_store_error(db, "preparing outbox tables", e))
+        };
+        let store = tokio::select! {
+            store = prepare => store?,
+            () = cancel.cancelled() => return Err(StartError::Interrupted),
+        }
+        .with_statement_timeout(db.statement_timeout);
+        let notifications = wakeup::connect(&store)
+            .await
+            .context("listening for outbox notifications")?;
+        Ok(Self {
+            config,
+            store,
+            notifications,
+            listener,
+            metrics_listener,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> std::io::Result<SocketAddr> {
+        self.metrics_listener.local_addr()
+    }
+
+    /// Serves until `shutdown`, then stops in the order [`Running::stop`] gives.
+    pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Self {
+            config,
+            store,
+            notifications,
+            listener,
+            metrics_listener,
+        } = self;
+        let addr = listener.local_addr()?;
+        let wakeup = Wakeup::new(store.specs().map(|s| s.name.clone()));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+            .await;
+        let metrics = Metrics::new("outboxd")?;
+        let server_metrics = ServerMetrics::new(&metrics);
+
+        // What runs beside the gRPC server.
+        let tasks = Supervisor::new();
+        let stop = tasks.stop_token();
+        tasks.spawn(
+            "metrics endpoint",
+            metrics::serve(metrics_listener, metrics.clone(), stop.clone()),
+        );
+        tasks.spawn(
+            "gauges",
+            gauges::sample_gauges(
+                store.clone(),
+                server_metrics.clone(),
+                config.metrics_interval,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
+            "notification listener",
+            wakeup::listen(
+                store.clone(),
+                Arc::clone(&wakeup),
+                notifications,
+                stop.clone(),
+            ),
+        );
+        for outbox in store.specs().map(|s| s.name.clone()) {
+            let settings = WatchSettings {
+                probe_interval: config.probe_interval,
+                poll_interval: config.poll_interval,
+            };
+            tasks.spawn(
+                format!("sequence watcher {outbox}"),
+                watch::watch(
+                    store.clone(),
+                    Arc::clone(&wakeup),
+                    outbox,
+                    settings,
+                    stop.clone(),
+                ),
+            );
+        }
+        // Stops at shutdown, before the rest, so nothing sets SERVING again
+        // while in-flight RPCs drain.
+        tasks.spawn_until(
+            "health check",
+            shutdown.clone(),
+            health::check_health(
+                store.clone(),
+                health.clone(),
+                config.health_interval,
+                shutdown.clone(),
+            ),
+        );
+        tasks.spawn(
+            "retention",
+            retention::retention(
+                store.clone(),
+                config.retention_interval,
+                config.retention_batch,
+                stop.clone(),
+            ),
+        );
+
+        let service = OutboxService::new(
+            store.clone(),
+            wakeup,
+            config.poll_interval,
+            shutdown.clone(),
+            server_metrics.clone(),
+        );
+        let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
+        let stop_accepting = CancellationToken::new();
+        let grpc = spawn_grpc(api, health_service, listener, stop_accepting.clone())?;
+        tracing::info!(%addr, outboxes = ?store.specs().map(|s| s.name.as_str()).collect::<Vec<_>>(), "serving");
+
+        let mut running = Running {
+            grpc,
+            stop_accepting,
+            health,
+            tasks,
+            store,
+            metrics,
+            drain_timeout: config.drain_timeout,
+        };
+        let early = tokio::select! {
+            () = shutdown.cancelled() => None,
+            res = &mut running.grpc => Some(res),
+        };
+        if let Some(res) = early {
+            running.tasks.stop(TASK_STOP_TIMEOUT).await;
+            res.context("gRPC server task")?.context("gRPC server")?;
+            anyhow::bail!("gRPC server stopped unexpectedly");
+        }
+        running.stop().await
+    }
+}
+
+/// How long background tasks get to stop, and the meters to flush.
+const TASK_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A serving outboxd: what has to stop, and in which order.
+struct Running {
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    stop_accepting: CancellationToken,
+    health: HealthReporter,
+    tasks: Supervisor,
+    store: PgStore,
+    metrics: Metrics,
+    drain_timeout: Duration,
+}
+
+impl Running {
+    /// The one place that says how outboxd stops, each step bounded:
+    /// 1. health NOT_SERVING, so load balancers and relays go elsewhere
+    ///    (long polls already ended when `shutdown` was cancelled);
+    /// 2. stop accepting, and give in-flight RPCs the drain timeout;
+    /// 3. stop the background tasks;
+    /// 4. close the pool, then flush the meters.
+    async fn stop(self) -> anyhow::Result<()> {
+        let Self {
+            mut grpc,
+            stop_accepting,
+            health,
+            tasks,
+            store,
+            metrics,
+            drain_timeout,
+        } = self;
+        health::set_health(&health, ServingStatus::NotServing).await;
+        stop_accepting.cancel();
+        match tokio::time::timeout(drain_timeout, &mut grpc).await {
+            Ok(res) => res.context("gRPC server task")?.context("gRPC server")?,
+            Err(_) => {
+                tracing::warn!(timeout = ?drain_timeout, "drain timed out; dropping remaining RPCs");
+                grpc.abort();
+            }
+        }
+        tasks.stop(TASK_STOP_TIMEOUT).await;
+        store.pool().close().await;
+        metrics.shutdown(TASK_STOP_TIMEOUT).await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Serves the gRPC services on one port until `stop_accepting`: outboxd's
+/// API, health, and reflection (both versions, for old and new grpcurl).
+fn spawn_grpc<H>(
+    api: OutboxApi,
+    health_service: H,
+    listener: TcpListener,
+    stop_accepting: CancellationToken,
+) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>>
+where
+    H: tonic::server::NamedService
+        + tower::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    H::Future: Send + 'static,
+{
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_resource_exhausted,
+        ))
+        .add_service(health_service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .add_service(OutboxServiceServer::new(api));
+    Ok(tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        stop_accepting.cancelled_owned(),
+    )))
+}
+
+/// tonic refuses a request over its size limit with OUT_OF_RANGE; gRPC's
+/// convention for a message too large is RESOURCE_EXHAUSTED, which is what
+/// clients look for.
+fn oversized_is_resource_exhausted<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers_mut();
+    let oversized = headers.get("grpc-status").is_some_and(|s| s == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if oversized {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("8"),
+        );
+    }
+    response
+}
