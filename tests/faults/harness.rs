@@ -18,7 +18,7 @@ use outboxd::grpc::pb::{
     outbox_service_client::OutboxServiceClient,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, postgres::PgPoolOptions};
+use sqlx::PgPool;
 use tokio::{
     process::{Child, Command},
     task::JoinHandle,
@@ -28,14 +28,21 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, transport::Channel};
 use uuid::Uuid;
 
-use crate::history::{self, Claim, Figures, FinalRow, History, Settle, SettleKind};
-
-const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+use crate::{
+    history::{self, Claim, Figures, FinalRow, History, Settle, SettleKind},
+    shared::{
+        bins,
+        db::TestDb,
+        wait::{millis, secs, wait_until},
+    },
+};
 
 /// The workers' lease: short, so leases lost to a fault come back within the case.
 pub const LEASE: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(1);
 const BATCH: u32 = 50;
+/// Workers in a case's load.
+const WORKERS: usize = 4;
 /// A claim's deadline: its long-poll plus room for a slow statement.
 const CLAIM_DEADLINE: Duration = Duration::from_secs(4);
 const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
@@ -46,67 +53,8 @@ const SETTLE_PATIENCE: Duration = Duration::from_secs(20);
 /// lease: calls that hung on the fault finish (or are given up) by then.
 const AFTERMATH: Duration = Duration::from_millis(2500);
 
-pub fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-pub fn millis(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Polls `condition` until it holds, failing the case after `limit`.
-pub async fn wait_until(limit: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
-        sleep(millis(50)).await;
-    }
-}
-
-/// A database of the case's own, dropped (with its connections) at the end.
-#[derive(Debug)]
-pub struct TestDb {
-    pub name: String,
-    pub pool: PgPool,
-    url: String,
-}
-
+/// What the cases read from their database, beyond what every test can.
 impl TestDb {
-    pub async fn create() -> Self {
-        let name = format!("outboxd_fault_{}", Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(ADMIN_URL)
-            .await
-            .expect("PostgreSQL at 127.0.0.1:5432 (scripts/test starts it)");
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut conn)
-            .await
-            .expect("create the case's database");
-        let _ = conn.close().await;
-        let url = format!("postgres://postgres@127.0.0.1:5432/{name}");
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&url)
-            .await
-            .expect("connect to the case's database");
-        Self { name, pool, url }
-    }
-
-    pub fn url(&self) -> String {
-        self.url.clone()
-    }
-
-    /// The case's database through `proxy` instead of straight to PostgreSQL.
-    pub fn url_via(&self, proxy: SocketAddr) -> String {
-        format!("postgres://postgres@{proxy}/{}", self.name)
-    }
-
-    pub fn upstream() -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], 5432))
-    }
-
     /// Events neither published nor dead-lettered.
     pub async fn pending(&self) -> i64 {
         sqlx::query_scalar(
@@ -168,42 +116,69 @@ impl TestDb {
     }
 }
 
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // Drop runs inside the case's runtime: the cleanup gets its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let mut conn = PgConnection::connect(ADMIN_URL)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-                let _ = conn.close().await;
-                Ok::<(), String>(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("warning: could not drop the case's database {}", self.name);
+/// Cases take turns: each has the machine to itself.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One case: its turn on the machine, its database, its history, its clock.
+pub struct Case {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    pub began: Instant,
+    pub db: Arc<TestDb>,
+    pub history: History,
+}
+
+impl Case {
+    /// Waits for the case's turn, then gives it a database of its own.
+    pub async fn begin() -> Self {
+        let turn = TURN.lock().await;
+        Self {
+            _turn: turn,
+            began: Instant::now(),
+            db: TestDb::create().await,
+            history: History::new(),
+        }
+    }
+
+    /// Workers on `targets`, the sampler, and producers committing `events`
+    /// over `spread`: the load the faults hit.
+    pub fn load(&self, targets: &Targets, events: usize, spread: Duration) -> Load {
+        Load {
+            workers: Workers::spawn(WORKERS, targets, &self.history),
+            sampler: Sampler::start(&self.db.pool, &self.history),
+            producers: produce(&self.db.pool, &self.history, events, spread),
         }
     }
 }
 
-/// A local port nothing listens on (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free local port")
-        .port()
+/// A case's running load; see [`Case::load`].
+pub struct Load {
+    pub workers: Workers,
+    pub sampler: Sampler,
+    producers: JoinHandle<()>,
+}
+
+impl Load {
+    /// The end of a case under load: the producers finish, the outbox drains,
+    /// the workers and the sampler stop, and the history is checked against
+    /// the final table.
+    pub async fn conclude(self, case: &Case, name: &str) -> Figures {
+        self.producers.await.expect("producers");
+        drained(&case.db, self.sampler, Some(self.workers)).await;
+        assess(case, name).await
+    }
+}
+
+/// A child process of a case: it logs errors only, to the test's stderr, and
+/// is killed when dropped.
+pub fn child_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    command
 }
 
 /// outboxd as a child process, killed when dropped.
@@ -217,7 +192,7 @@ impl Outboxd {
     /// Starts outboxd on `port` against `database_url` and waits until it serves.
     pub async fn start(database_url: &str, port: u16) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        let child = child_command(bins::outboxd())
             .args(["--database-url", database_url])
             .args(["--listen", &addr.to_string()])
             .args(["--metrics-listen", "127.0.0.1:0"])
@@ -225,11 +200,6 @@ impl Outboxd {
             .args(["--health-interval", "200ms"])
             .args(["--db-acquire-timeout", "1s"])
             .args(["--drain-timeout", "2s"])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn outboxd");
         let server = Self { child, addr };
@@ -321,6 +291,7 @@ impl Conn {
         self.failing = true;
         self.pick += 1;
         self.client = connect_lazy(&self.targets.pick(self.pick));
+        // A worker's back-off before its next call, as a real one would.
         sleep(millis(100)).await;
     }
 }
@@ -459,9 +430,10 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
             // (expired leases are claimed again at the next poll, within 200 ms),
             // and this worker's ack lands while they may hold them.
             history.expose(ids.clone());
+            // The slow publish itself: a schedule, not a wait for anything.
             sleep(LEASE + millis(150)).await;
         } else {
-            // The broker's confirms.
+            // The broker's confirms take this long: a schedule, not a wait.
             sleep(millis(rng.random_range(10..150))).await;
         }
         let refused: Vec<String> = if rng.random_bool(0.05) {
@@ -583,6 +555,7 @@ pub fn produce(pool: &PgPool, history: &History, total: usize, spread: Duration)
                         history.committed(ids.iter().map(Uuid::to_string));
                         committed += 1;
                     }
+                    // The producers' pace: `total` events spread over `spread`.
                     sleep(pause).await;
                 }
             })
@@ -652,6 +625,7 @@ impl Sampler {
                     if until(&until_at).is_some_and(|t| Instant::now() < t) {
                         sample(&pool, &history).await;
                     }
+                    // The sampling period.
                     sleep(millis(100)).await;
                 }
             })
@@ -679,24 +653,11 @@ impl Sampler {
 
     pub async fn stop(self) {
         let left = until(&self.until).map(|t| t.saturating_duration_since(Instant::now()));
+        // A window: the last fault's aftermath is sampled to its end.
         sleep(left.unwrap_or_default()).await;
         self.stop.cancel();
         self.task.await.expect("the sampler panicked");
     }
-}
-
-/// The end of every case: wait for the outbox to drain, stop the workers and
-/// the sampler, check the history against the final table, print the figures.
-pub async fn conclude(
-    case: &str,
-    db: &TestDb,
-    history: &History,
-    workers: Workers,
-    sampler: Sampler,
-    began: Instant,
-) {
-    drained(db, sampler, Some(workers)).await;
-    assess(case, db, history, began).await;
 }
 
 /// Waits until every committed event is settled, then stops the sampler and the workers.
@@ -712,14 +673,14 @@ pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
 }
 
 /// Checks the history against the final table and prints the case's figures.
-pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) -> Figures {
-    let finals = db.finals().await;
-    let recorded = history.recorded();
+pub async fn assess(case: &Case, name: &str) -> Figures {
+    let finals = case.db.finals().await;
+    let recorded = case.history.recorded();
     let verdict = history::check(&recorded, &finals);
     let f = &verdict.figures;
     let codes: &BTreeMap<String, usize> = &recorded.codes;
     println!(
-        "fault case {case}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
+        "fault case {name}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
          (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
          ({} failed calls {codes:?}, slowest settle {:.2}s), {:.1}s",
         f.events,
@@ -733,11 +694,11 @@ pub async fn assess(case: &str, db: &TestDb, history: &History, began: Instant) 
         f.recoveries,
         f.failed_calls,
         f.slowest_settle.as_secs_f64(),
-        began.elapsed().as_secs_f64()
+        case.began.elapsed().as_secs_f64()
     );
     assert!(
         verdict.violations.is_empty(),
-        "fault case {case}: {} violations\n{}",
+        "fault case {name}: {} violations\n{}",
         verdict.violations.len(),
         verdict.report
     );
