@@ -177,7 +177,7 @@ async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters
     // notification, the rest through the sequence probe.
     let claims = app.count_updates("public.outbox").await;
     let rounds = 20;
-    let mut pace = tokio::time::Instant::now();
+    let mut last_insert = tokio::time::Instant::now();
     for round in 0..rounds {
         let looked = claims.get().await;
         let waiter = app.spawn_claim(claim_request("", "w", 10, secs(30), secs(10)));
@@ -185,10 +185,10 @@ async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters
             claims.get().await > looked
         })
         .await;
-        // The stream's schedule: one insert every 100 ms at the most.
-        pace += millis(100);
-        tokio::time::sleep_until(pace).await;
+        // The stream's schedule: inserts 100 ms apart.
+        tokio::time::sleep_until(last_insert + millis(100)).await;
         let inserted = app.insert(1).await;
+        last_insert = tokio::time::Instant::now();
         let committed = Instant::now();
         let batch = within(secs(12), "the waiting claim", waiter)
             .await
