@@ -89,12 +89,7 @@ async fn ack_after_expiry_without_reclaim_succeeds() {
     assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await, [OK]);
     let row = app.row(&id).await;
     assert!(row.published_at.is_some());
-    assert!(
-        app.claim("w", 1, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
-    );
+    assert!(app.nothing_to_claim().await);
 }
 
 #[tokio::test]
@@ -159,10 +154,7 @@ async fn carried_acks_are_applied_before_the_long_poll_waits() {
         lease_id: first.lease_id.clone(),
         message_ids: vec![id.clone()],
     }];
-    let poll = {
-        let mut client = app.client.clone();
-        tokio::spawn(async move { client.claim_batch(req).await })
-    };
+    let poll = app.spawn_claim(req);
     wait_until(
         secs(3),
         "the carried ack is applied while the claim still waits",
@@ -170,7 +162,7 @@ async fn carried_acks_are_applied_before_the_long_poll_waits() {
     )
     .await;
     assert!(!poll.is_finished(), "the long poll is still waiting");
-    let answer = poll.await.expect("task").expect("ClaimBatch").into_inner();
+    let answer = poll.await.expect("task").expect("ClaimBatch");
     assert!(answer.messages.is_empty());
     assert_eq!(outcomes(&[id], &answer.ack_results), [OK]);
 }

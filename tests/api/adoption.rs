@@ -177,11 +177,13 @@ async fn a_classic_outbox_table_is_adopted_and_served() {
 
     // The application keeps inserting the classic columns only; the trigger the
     // adoption added wakes a waiting claim.
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        let req = crate::support::claim_request("legacy", "w", 10, secs(30), secs(10));
-        client.claim_batch(req).await.map(|r| r.into_inner())
-    });
+    let waiter = app.spawn_claim(crate::support::claim_request(
+        "legacy",
+        "w",
+        10,
+        secs(30),
+        secs(10),
+    ));
     let (new_id, new_aggregate) = (Uuid::new_v4(), Uuid::new_v4());
     sqlx::query(
         "INSERT INTO public.legacy_outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, 'order.paid', '{}')",

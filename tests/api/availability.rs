@@ -1,7 +1,7 @@
 //! Database down: RPCs are UNAVAILABLE (retryable, never INTERNAL), health goes
 //! NOT_SERVING, and both come back when the database does.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxd::grpc::pb::{AckRequest, ExtendLeaseRequest, GetStatsRequest, NackRequest};
 use tonic::{Code, Status};
@@ -66,7 +66,7 @@ async fn database_down_gives_unavailable_and_not_serving_until_it_returns() {
     let held = app.claim("w", 1, secs(60), Duration::ZERO).await;
     assert_eq!(app.health_both().await, Some(ServingStatus::Serving));
 
-    app.proxy.cut();
+    app.proxy.take_down();
     // First on the pooled connections the cut just broke...
     every_rpc_is_unavailable(&app, &held.lease_id, &ids(&held)).await;
     wait_until(secs(5), "health reports NOT_SERVING", async || {
@@ -76,7 +76,7 @@ async fn database_down_gives_unavailable_and_not_serving_until_it_returns() {
     // ...then on new connections the database refuses.
     every_rpc_is_unavailable(&app, &held.lease_id, &ids(&held)).await;
 
-    app.proxy.restore();
+    app.proxy.bring_back();
     wait_until(secs(10), "health reports SERVING again", async || {
         app.health_both().await == Some(ServingStatus::Serving)
     })
@@ -95,15 +95,20 @@ async fn database_down_gives_unavailable_and_not_serving_until_it_returns() {
 async fn a_server_started_before_its_database_waits_for_it() {
     let db = TestDb::create().await;
     let proxy = Proxy::start(db.upstream()).await;
-    proxy.cut();
+    proxy.take_down();
     let starting = tokio::spawn(TestApp::spawn_behind(db, proxy.clone(), |_| {}));
-    tokio::time::sleep(secs(1)).await;
+    wait_until(
+        secs(10),
+        "start-up has tried the database twice",
+        async || proxy.refused() >= 2,
+    )
+    .await;
     assert!(
         !starting.is_finished(),
-        "start-up waits for the database instead of failing"
+        "start-up retries the database instead of failing"
     );
 
-    proxy.restore();
+    proxy.bring_back();
     let app = within(secs(15), "start-up once the database answers", starting)
         .await
         .expect("start-up task")
@@ -123,12 +128,12 @@ async fn notifications_wake_claims_again_after_the_database_returns() {
     app.listening().await;
     let before = app.listener_pid().await;
 
-    app.proxy.cut();
+    app.proxy.take_down();
     wait_until(secs(5), "health reports NOT_SERVING", async || {
         app.health_both().await == Some(ServingStatus::NotServing)
     })
     .await;
-    app.proxy.restore();
+    app.proxy.bring_back();
     wait_until(
         secs(15),
         "the server listens again on a new connection",
@@ -141,27 +146,7 @@ async fn notifications_wake_claims_again_after_the_database_returns() {
     .await;
 
     let claims = app.count_updates("public.outbox").await;
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        let resp = client
-            .claim_batch(claim_request("", "w", 10, secs(30), secs(10)))
-            .await;
-        (resp, Instant::now())
-    });
-    wait_until(secs(5), "the claim is waiting", async || {
-        claims.get().await >= 1
-    })
-    .await;
-    let inserted = app.insert(1).await;
-    let committed = Instant::now();
-    let (resp, answered) = within(secs(12), "the waiting claim", waiter)
-        .await
-        .expect("waiter task");
-    assert_eq!(
-        ids(&resp.expect("ClaimBatch").into_inner()),
-        strings(&inserted)
-    );
-    let latency = answered.saturating_duration_since(committed);
+    let latency = app.wake_latency(&claims).await;
     assert!(
         latency < secs(2),
         "woken {latency:?} after the commit; the poll interval is 5 s"

@@ -15,7 +15,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::support::{
-    OK, TestApp, claim_request, ids, insert_row, secs, strings, time, wait_until, within,
+    OK, TestApp, claim_request, ids, insert_plain, secs, strings, time, wait_until, within,
 };
 
 /// One lease on one row, by the database clock.
@@ -238,12 +238,7 @@ async fn max_messages_bounds_the_batch_and_an_empty_outbox_gives_an_empty_batch(
     let rest = app.claim("w", 10, secs(30), Duration::ZERO).await;
     assert_eq!(ids(&rest), inserted[2..]);
     assert_ne!(first.lease_id, rest.lease_id, "each claim is its own lease");
-    assert!(
-        app.claim("w", 10, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
-    );
+    assert!(app.nothing_to_claim().await);
 }
 
 #[tokio::test]
@@ -253,10 +248,7 @@ async fn an_expired_lease_is_reclaimed_with_the_next_attempt() {
     let first = app.claim("w1", 1, secs(1), Duration::ZERO).await;
     assert_eq!(first.messages[0].attempt, 1);
     assert!(
-        app.claim("w2", 1, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty(),
+        app.nothing_to_claim().await,
         "a live lease is not handed out again"
     );
 
@@ -279,16 +271,7 @@ async fn rows_of_a_rolled_back_producer_transaction_never_appear() {
     let app = TestApp::spawn().await;
     let mut tx = app.pool().begin().await.expect("begin");
     for _ in 0..3 {
-        insert_row(
-            &mut tx,
-            "outbox",
-            Uuid::new_v4(),
-            "agg",
-            "test.event",
-            &json!({}),
-            &json!({}),
-        )
-        .await;
+        insert_plain(&mut tx, Uuid::new_v4()).await;
     }
     tx.rollback().await.expect("rollback");
 
@@ -305,16 +288,7 @@ async fn only_committed_rows_are_claimed_while_another_producer_is_open() {
     let app = TestApp::spawn().await;
     let doomed = Uuid::new_v4();
     let mut open = app.pool().begin().await.expect("begin");
-    insert_row(
-        &mut open,
-        "outbox",
-        doomed,
-        "agg",
-        "test.event",
-        &json!({}),
-        &json!({}),
-    )
-    .await;
+    insert_plain(&mut open, doomed).await;
 
     // A later transaction commits while the first is still open.
     let committed = app.insert(1).await;
@@ -322,12 +296,7 @@ async fn only_committed_rows_are_claimed_while_another_producer_is_open() {
     assert_eq!(ids(&batch), strings(&committed));
 
     open.rollback().await.expect("rollback");
-    assert!(
-        app.claim("w", 10, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
-    );
+    assert!(app.nothing_to_claim().await);
     assert!(app.row_in("outbox", &doomed.to_string()).await.is_none());
 }
 
@@ -338,16 +307,7 @@ async fn a_row_committed_after_a_later_one_is_still_claimed() {
     let app = TestApp::spawn().await;
     let slow = Uuid::new_v4();
     let mut open = app.pool().begin().await.expect("begin");
-    insert_row(
-        &mut open,
-        "outbox",
-        slow,
-        "agg",
-        "test.event",
-        &json!({}),
-        &json!({}),
-    )
-    .await;
+    insert_plain(&mut open, slow).await;
     let fast = strings(&app.insert(1).await);
     let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
     assert_eq!(ids(&batch), fast);

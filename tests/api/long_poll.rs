@@ -7,16 +7,41 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
-use serde_json::json;
+use outboxd::grpc::pb::ClaimBatchResponse;
 use sqlx::{Connection, PgConnection, postgres::PgListener};
+use tokio::task::JoinHandle;
+use tonic::Status;
 use uuid::Uuid;
 
 use crate::support::{
-    TestApp, claim_request, ids, insert_row, millis, secs, strings, wait_until, within,
+    TestApp, claim_request, ids, insert_plain, millis, secs, strings, wait_until, within,
 };
+
+type Waiter = JoinHandle<Result<ClaimBatchResponse, Status>>;
+
+/// Waits until one of `waiters` has its answer, and takes it out of them.
+async fn first_answer(
+    waiters: &mut Vec<Waiter>,
+    limit: Duration,
+    what: &str,
+) -> ClaimBatchResponse {
+    wait_until(limit, what, async || {
+        waiters.iter().any(|w| w.is_finished())
+    })
+    .await;
+    let answered = waiters
+        .iter()
+        .position(|w| w.is_finished())
+        .expect("a finished waiter stays finished");
+    waiters
+        .remove(answered)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch")
+}
 
 /// A poll interval long enough that any prompt answer must come from a notification.
 fn slow_polling(args: &mut crate::support::ServerArgs) {
@@ -29,28 +54,7 @@ async fn a_waiting_claim_wakes_on_commit_well_before_the_poll_interval() {
     let app = TestApp::spawn_with(slow_polling).await;
     app.listening().await;
     let claims = app.count_updates("public.outbox").await;
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        let req = claim_request("", "w", 10, secs(30), secs(10));
-        let resp = client.claim_batch(req).await;
-        (resp, Instant::now())
-    });
-    wait_until(
-        secs(5),
-        "the claim has looked once and is waiting",
-        async || claims.get().await >= 1,
-    )
-    .await;
-    tokio::time::sleep(millis(300)).await;
-
-    let inserted = app.insert(1).await;
-    let committed = Instant::now();
-    let (resp, answered) = within(secs(12), "the waiting claim", waiter)
-        .await
-        .expect("the waiter task panicked");
-    let batch = resp.expect("ClaimBatch").into_inner();
-    assert_eq!(ids(&batch), strings(&inserted));
-    let latency = answered.saturating_duration_since(committed);
+    let latency = app.wake_latency(&claims).await;
     assert!(
         latency < secs(2),
         "woken {latency:?} after the commit; the poll interval is 10 s"
@@ -87,11 +91,8 @@ async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
     let claims = app.count_updates("public.outbox").await;
     let mut waiters = Vec::new();
     for w in 0..5 {
-        let mut client = app.client.clone();
-        waiters.push(tokio::spawn(async move {
-            let req = claim_request("", &format!("waiter-{w}"), 10, secs(30), secs(20));
-            client.claim_batch(req).await.map(|r| r.into_inner())
-        }));
+        let req = claim_request("", &format!("waiter-{w}"), 10, secs(30), secs(20));
+        waiters.push(app.spawn_claim(req));
     }
     wait_until(secs(5), "all five claims are waiting", async || {
         claims.get().await >= 5
@@ -101,24 +102,12 @@ async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
 
     let inserted = app.insert(1).await;
     // Exactly one waiter gets the row, promptly.
-    let winner = within(secs(2), "one waiter answering", async {
-        loop {
-            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
-                return i;
-            }
-            tokio::time::sleep(millis(10)).await;
-        }
-    })
-    .await;
-    let batch = waiters
-        .remove(winner)
-        .await
-        .expect("waiter task")
-        .expect("ClaimBatch");
+    let batch = first_answer(&mut waiters, secs(2), "one waiter answers").await;
     assert_eq!(ids(&batch), strings(&inserted));
 
     // A second later the others are still waiting, and none of them was woken
     // for nothing: the only claim since is the winner's.
+    // A window: nothing may happen during this second.
     tokio::time::sleep(secs(1)).await;
     assert!(
         waiters.iter().all(|w| !w.is_finished()),
@@ -128,23 +117,15 @@ async fn a_commit_wakes_only_as_many_waiters_as_it_has_rows_for() {
 
     // Five rows in one commit: with capacity 10 each, one waiter covers them.
     let more = app.insert(5).await;
-    let second = within(secs(2), "a waiter answering", async {
-        loop {
-            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
-                return i;
-            }
-            tokio::time::sleep(millis(10)).await;
-        }
-    })
-    .await;
-    let batch = waiters
-        .remove(second)
-        .await
-        .expect("waiter task")
-        .expect("ClaimBatch");
+    let batch = first_answer(&mut waiters, secs(2), "a waiter answers").await;
     assert_eq!(ids(&batch), strings(&more));
+    // A window: no other waiter may be woken for those rows during it.
     tokio::time::sleep(millis(500)).await;
-    assert_eq!(claims.get().await, 7);
+    assert_eq!(
+        claims.get().await,
+        7,
+        "one commit of five rows woke one waiter"
+    );
     assert!(waiters.iter().all(|w| !w.is_finished()));
     for waiter in waiters {
         waiter.abort();
@@ -156,27 +137,14 @@ async fn a_rolled_back_insert_wakes_no_waiting_claim() {
     let app = TestApp::spawn_with(slow_polling).await;
     app.listening().await;
     let claims = app.count_updates("public.outbox").await;
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        let req = claim_request("", "w", 10, secs(30), secs(2));
-        client.claim_batch(req).await.map(|r| r.into_inner())
-    });
+    let waiter = app.spawn_claim(claim_request("", "w", 10, secs(30), secs(2)));
     wait_until(secs(5), "the claim is waiting", async || {
         claims.get().await >= 1
     })
     .await;
 
     let mut tx = app.pool().begin().await.expect("begin");
-    insert_row(
-        &mut tx,
-        "outbox",
-        Uuid::new_v4(),
-        "agg",
-        "test.event",
-        &json!({}),
-        &json!({}),
-    )
-    .await;
+    insert_plain(&mut tx, Uuid::new_v4()).await;
     tx.rollback().await.expect("rollback");
 
     let batch = within(secs(5), "the waiting claim", waiter)
@@ -207,15 +175,20 @@ async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters
     // Twenty inserts 100 ms apart, each awaited by a long-polling claim: each
     // is answered well before the 10 s poll interval, the first through a
     // notification, the rest through the sequence probe.
+    let claims = app.count_updates("public.outbox").await;
     let rounds = 20;
+    let mut last_insert = tokio::time::Instant::now();
     for round in 0..rounds {
-        let mut client = app.client.clone();
-        let waiter = tokio::spawn(async move {
-            let req = claim_request("", "w", 10, secs(30), secs(10));
-            client.claim_batch(req).await.map(|r| r.into_inner())
-        });
-        tokio::time::sleep(millis(100)).await;
+        let looked = claims.get().await;
+        let waiter = app.spawn_claim(claim_request("", "w", 10, secs(30), secs(10)));
+        wait_until(secs(5), "the claim is waiting", async || {
+            claims.get().await > looked
+        })
+        .await;
+        // The stream's schedule: inserts 100 ms apart.
+        tokio::time::sleep_until(last_insert + millis(100)).await;
         let inserted = app.insert(1).await;
+        last_insert = tokio::time::Instant::now();
         let committed = Instant::now();
         let batch = within(secs(12), "the waiting claim", waiter)
             .await
@@ -251,7 +224,6 @@ async fn a_steady_stream_of_inserts_silences_the_trigger_and_still_wakes_waiters
         .unwrap_or(false)
     })
     .await;
-    tokio::time::sleep(millis(300)).await;
     let before = notifications.load(Ordering::SeqCst);
     app.insert(1).await;
     wait_until(

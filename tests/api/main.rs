@@ -1,6 +1,8 @@
 //! Integration tests: outboxd over gRPC on port 0, against real PostgreSQL, each
 //! test on a database of its own (see `support`).
 
+#[path = "../shared/mod.rs"]
+mod shared;
 mod support;
 
 mod ack;

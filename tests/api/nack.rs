@@ -103,12 +103,7 @@ async fn nack_without_retry_after_follows_the_backoff_policy() {
         high >= 1.6 && low <= 2.4,
         "retry delay in 1.6..=2.4 s, measured between {low} and {high} s"
     );
-    assert!(
-        app.claim("w", 1, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
-    );
+    assert!(app.nothing_to_claim().await);
 
     let retry = app.claim("w", 1, secs(30), secs(10)).await;
     assert_eq!(ids(&retry), [id.as_str()]);
@@ -146,11 +141,17 @@ async fn nack_retry_after_delays_the_next_claim() {
         high >= 3.0 && low <= 3.0,
         "retry delay 3 s, measured between {low} and {high} s"
     );
+    assert!(app.nothing_to_claim().await);
+    let retry = app.claim("w", 1, secs(30), secs(10)).await;
+    assert_eq!(
+        ids(&retry),
+        [id.as_str()],
+        "claimable once the delay is over"
+    );
+    let row = app.row(&id).await;
     assert!(
-        app.claim("w", 1, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
+        row.claimed_at.expect("claimed") >= row.available_at,
+        "not claimed before its retry_after ran out"
     );
 }
 
@@ -209,12 +210,7 @@ async fn nack_on_the_last_attempt_dead_letters() {
     let row = app.row(&id).await;
     assert!(row.dead_lettered_at.is_some());
     assert_eq!(row.attempts, 3);
-    assert!(
-        app.claim("w", 1, secs(30), Duration::ZERO)
-            .await
-            .messages
-            .is_empty()
-    );
+    assert!(app.nothing_to_claim().await);
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Request;
 use uuid::Uuid;
 
-use crate::support::{TestApp, millis, otlp::collector, secs, wait_until};
+use crate::support::{LEASE_LOST, OK, TestApp, millis, otlp::collector, secs, wait_until};
 use outboxd::grpc::pb::AckRequest;
 
 /// A fresh W3C trace context: (traceparent, trace id, span id).
@@ -15,21 +15,28 @@ fn producer_context() -> (String, String, String) {
     (format!("00-{trace_id}-{span_id}-01"), trace_id, span_id)
 }
 
-#[tokio::test]
-async fn the_lease_span_continues_the_producers_trace() {
-    let app = TestApp::spawn().await;
+/// Commits an event whose producer ran in a trace of its own: (event id,
+/// trace id, the producer's span id).
+async fn insert_traced(app: &TestApp) -> (Uuid, String, String) {
     let (traceparent, trace_id, producer_span) = producer_context();
     let id = Uuid::new_v4();
     app.insert_event(
         id,
         "order-1",
         "order.created",
-        json!({"n": 1}),
+        json!({}),
         json!({ "traceparent": traceparent }),
     )
     .await;
+    (id, trace_id, producer_span)
+}
+
+#[tokio::test]
+async fn the_lease_span_continues_the_producers_trace() {
+    let app = TestApp::spawn().await;
+    let (id, trace_id, producer_span) = insert_traced(&app).await;
     let batch = app.claim("w-trace", 10, secs(30), secs(0)).await;
-    app.ack(&batch.lease_id, &[id.to_string()]).await;
+    assert_eq!(app.ack(&batch.lease_id, &[id.to_string()]).await, [OK]);
 
     let lease = collector()
         .wait_for(&trace_id, "outbox lease span", |s| s.name == "outbox lease")
@@ -48,16 +55,7 @@ async fn the_lease_span_continues_the_producers_trace() {
 #[tokio::test]
 async fn an_expired_lease_is_reported_when_the_row_is_reclaimed() {
     let app = TestApp::spawn().await;
-    let (traceparent, trace_id, producer_span) = producer_context();
-    let id = Uuid::new_v4();
-    app.insert_event(
-        id,
-        "order-2",
-        "order.created",
-        json!({}),
-        json!({ "traceparent": traceparent }),
-    )
-    .await;
+    let (id, trace_id, producer_span) = insert_traced(&app).await;
     let first = app.claim("w-slow", 1, secs(1), secs(0)).await;
     assert_eq!(first.messages.len(), 1);
     // The retry comes once the 1 s lease has run out.
@@ -74,6 +72,7 @@ async fn an_expired_lease_is_reported_when_the_row_is_reclaimed() {
     assert_eq!(expired.attributes["outbox.worker.id"], "w-slow");
     assert_eq!(expired.attributes["outbox.lease.id"], first.lease_id);
     assert_eq!(expired.attributes["outbox.lease.attempt"], "1");
+    assert_eq!(expired.attributes["messaging.message.id"], id.to_string());
 }
 
 #[tokio::test]
@@ -167,7 +166,8 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
         v == 1.0
     })
     .await;
-    let _ = app.claim("w-metrics", 10, secs(30), secs(0)).await;
+    let empty = app.claim("w-metrics", 10, secs(30), secs(0)).await;
+    assert!(empty.messages.is_empty(), "the only row is leased");
     metric_reaches(
         &app,
         "outbox_empty_claims_total",
@@ -176,8 +176,11 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
     )
     .await;
 
-    app.nack_retry(&batch.lease_id, &[id.to_string()], Some(millis(0)))
-        .await;
+    assert_eq!(
+        app.nack_retry(&batch.lease_id, &[id.to_string()], Some(millis(0)))
+            .await,
+        [OK]
+    );
     metric_reaches(&app, "outbox_messages_nacked_total", "nacked 1", |v| {
         v == 1.0
     })
@@ -194,12 +197,15 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
     .await;
 
     // The stale lease's ack is refused and counted; the live one is acked.
-    app.ack(&short.lease_id, &[id.to_string()]).await;
+    assert_eq!(
+        app.ack(&short.lease_id, &[id.to_string()]).await,
+        [LEASE_LOST]
+    );
     metric_reaches(&app, "outbox_lease_lost_total", "one stale ack", |v| {
         v == 1.0
     })
     .await;
-    app.ack(&again.lease_id, &[id.to_string()]).await;
+    assert_eq!(app.ack(&again.lease_id, &[id.to_string()]).await, [OK]);
     metric_reaches(&app, "outbox_messages_acked_total", "acked 1", |v| v == 1.0).await;
     metric_reaches(
         &app,

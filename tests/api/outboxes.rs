@@ -162,11 +162,7 @@ async fn two_outboxes_are_isolated() {
     // A commit to one outbox does not wake a claim waiting on the other.
     app.listening().await;
     let order_claims = app.count_updates("public.orders_outbox").await;
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        let req = claim_request("orders", "w", 10, secs(30), secs(2));
-        client.claim_batch(req).await.map(|r| r.into_inner())
-    });
+    let waiter = app.spawn_claim(claim_request("orders", "w", 10, secs(30), secs(2)));
     wait_until(secs(5), "the orders claim is waiting", async || {
         order_claims.get().await >= 1
     })

@@ -3,6 +3,25 @@
 
 use crate::support::{OK, TestApp, ids, secs, wait_until};
 
+/// Rows of `public.outbox` updated so far, as reported. Only the server
+/// updates them (claims and acks, one row each), on the one session whose scans
+/// are counted below, and a session reports its counts of a table together:
+/// once its updates are in, so are its scans before them.
+async fn updates(app: &TestApp) -> i64 {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT coalesce(n_tup_upd, 0) FROM pg_stat_user_tables WHERE relid = 'public.outbox'::regclass",
+    )
+    .fetch_one(app.pool())
+    .await
+    .expect("read the table's update counter")
+}
+
+/// Waits until the server's session has reported `n` updated rows, and every
+/// scan that came before them.
+async fn reported(app: &TestApp, n: i64, what: &str) {
+    wait_until(secs(20), what, async || updates(app).await >= n).await;
+}
+
 /// Sequential and index scans of `public.outbox` recorded so far.
 async fn scans(app: &TestApp) -> (i64, i64) {
     sqlx::query_as::<_, (i64, i64)>(
@@ -30,7 +49,8 @@ async fn plans_cached_on_an_empty_table_keep_using_the_indexes_as_history_grows(
         .await;
 
     // Past the executions after which PostgreSQL settles on a cached plan.
-    for _ in 0..8 {
+    const WARM_UP: i64 = 8;
+    for _ in 0..WARM_UP {
         app.insert(1).await;
         let batch = app.claim("w", 10, secs(30), secs(0)).await;
         assert_eq!(batch.messages.len(), 1);
@@ -45,8 +65,13 @@ async fn plans_cached_on_an_empty_table_keep_using_the_indexes_as_history_grows(
              FROM generate_series(1, 20000)",
         )
         .await;
-    // Let the server's session report what the warm-up scanned.
-    tokio::time::sleep(secs(2)).await;
+    // Each warm-up round updated one row twice: its claim and its ack.
+    reported(
+        &app,
+        2 * WARM_UP,
+        "the server reports what the warm-up scanned",
+    )
+    .await;
     let (seq_before, idx_before) = scans(&app).await;
 
     const ROUNDS: i64 = 5;
@@ -57,14 +82,18 @@ async fn plans_cached_on_an_empty_table_keep_using_the_indexes_as_history_grows(
         assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await, vec![OK; 20]);
     }
 
-    // A claim and an ack scan the table at least once each; wait until the
-    // server's session has reported them, whatever kind they were.
-    wait_until(secs(20), "the server's scans to be reported", async || {
-        let (seq, idx) = scans(&app).await;
-        seq + idx >= seq_before + idx_before + 2 * ROUNDS
-    })
+    // Each round updated 20 rows twice: their claim and their ack.
+    reported(
+        &app,
+        2 * WARM_UP + 2 * 20 * ROUNDS,
+        "the server reports what the rounds scanned",
+    )
     .await;
     let (seq_after, idx_after) = scans(&app).await;
+    assert!(
+        seq_after + idx_after >= seq_before + idx_before + 2 * ROUNDS,
+        "a claim and an ack scan the table at least once each: ({seq_before}, {idx_before}) -> ({seq_after}, {idx_after})"
+    );
     assert_eq!(
         (seq_after - seq_before, idx_after - idx_before > 0),
         (0, true),

@@ -17,13 +17,7 @@ async fn shutdown_ends_long_polls_and_stops_within_the_drain_timeout() {
     .await;
     app.listening().await;
     let claims = app.count_updates("public.outbox").await;
-    let mut client = app.client.clone();
-    let waiter = tokio::spawn(async move {
-        client
-            .claim_batch(claim_request("", "w", 10, secs(30), secs(10)))
-            .await
-            .map(|r| r.into_inner())
-    });
+    let waiter = app.spawn_claim(claim_request("", "w", 10, secs(30), secs(10)));
     wait_until(secs(5), "the long poll is waiting", async || {
         claims.get().await >= 1
     })

@@ -8,13 +8,16 @@ use std::{net::TcpListener, process::Output, time::Duration};
 use tokio::process::Command;
 use url::Url;
 
-use crate::support::{TestApp, TestDb, secs, within};
+use crate::{
+    shared::{bins, net::free_port},
+    support::{TestApp, TestDb, secs, wait_until, within},
+};
 
 /// Runs the real binary to completion (bounded) with the given arguments and
 /// extra environment; `OUTBOXD_*` and `DATABASE_URL` from the caller's
 /// environment are removed so only the test's settings apply.
 async fn outboxd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    let mut command = Command::new(bins::outboxd());
     for (key, _) in std::env::vars() {
         if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
             command.env_remove(key);
@@ -65,12 +68,6 @@ fn with_user(url: &str, user: &str) -> String {
     let mut url = Url::parse(url).expect("test URL");
     url.set_username(user).expect("a postgres URL takes a user");
     url.to_string()
-}
-
-/// A local port with nothing listening on it (bound, then released).
-fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
 }
 
 const LOCAL: [&str; 4] = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
@@ -167,7 +164,7 @@ async fn a_missing_table_under_no_migrate_exits_69_and_says_to_migrate() {
 
 #[tokio::test]
 async fn migrate_gives_up_on_an_unreachable_database_and_says_why() {
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
     let started = std::time::Instant::now();
     let output = outboxd(
         &[
@@ -193,7 +190,7 @@ async fn migrate_gives_up_on_an_unreachable_database_and_says_why() {
 
 #[tokio::test]
 async fn the_server_names_the_cause_while_the_database_is_unreachable() {
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
     let mut args = vec!["--database-url", &url, "--db-start-timeout", "2s"];
     args.extend(LOCAL);
     let output = outboxd(&args, &[]).await;
@@ -266,6 +263,37 @@ async fn a_bad_environment_value_names_the_variable() {
 }
 
 #[tokio::test]
+async fn bad_outbox_args_exit_64_and_say_why() {
+    for (bad, why) in [
+        ("noequals", "expected NAME=SCHEMA.TABLE"),
+        (
+            "=public.outbox",
+            "outbox name must be 1-63 characters of [A-Za-z0-9_.-]",
+        ),
+        (
+            "x=Public.outbox",
+            r#"invalid identifier "Public": expected ^[a-z_][a-z0-9_]{0,62}$"#,
+        ),
+        (
+            "x=public.outbox:max_attempts=0",
+            "max_attempts: must be at least 1",
+        ),
+        ("x=public.outbox:colour=blue", r#"unknown option "colour""#),
+        (
+            "x=public.outbox:retention=forever",
+            r#"retention: invalid duration "forever""#,
+        ),
+    ] {
+        let output = outboxd(
+            &["--database-url", "postgres://u@h/d", "--outbox", bad],
+            &[],
+        )
+        .await;
+        assert_exit(&output, 64, &["--outbox", &format!("{bad:?}"), why]);
+    }
+}
+
+#[tokio::test]
 async fn a_host_name_is_accepted_as_listen_address() {
     let app = TestApp::spawn_with(|args| {
         args.set("--listen", "localhost:0")
@@ -280,10 +308,10 @@ async fn a_host_name_is_accepted_as_listen_address() {
 
 #[tokio::test]
 async fn sigterm_while_waiting_for_the_database_exits_0() {
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", closed_port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
     let log = std::env::temp_dir().join(format!("outboxd-startup-{}.log", uuid::Uuid::new_v4()));
     let file = std::fs::File::create(&log).expect("log file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+    let mut child = Command::new(bins::outboxd())
         .args(["--database-url", &url])
         .args(LOCAL)
         .env("RUST_LOG", "info")
@@ -291,7 +319,7 @@ async fn sigterm_while_waiting_for_the_database_exits_0() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn outboxd");
-    crate::support::wait_until(secs(20), "outboxd waits for the database", async || {
+    wait_until(secs(20), "outboxd waits for the database", async || {
         std::fs::read_to_string(&log).is_ok_and(|text| text.contains("retrying"))
     })
     .await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use outboxd::grpc::pb::{AckRequest, GetStatsRequest};
 use tonic::{Code, Request};
 
-use crate::support::{TestApp, claim_request, ids, millis, secs, wait_until};
+use crate::support::{OK, TestApp, claim_request, ids, millis, secs, wait_until};
 
 /// Holds an ACCESS EXCLUSIVE lock on the outbox table until dropped.
 async fn lock_table(app: &TestApp) -> sqlx::Transaction<'static, sqlx::Postgres> {
@@ -41,6 +41,7 @@ async fn a_locked_table_answers_unavailable_within_the_statement_timeout() {
     .await;
     app.insert(2).await;
     let batch = app.claim("w", 1, secs(60), Duration::ZERO).await;
+    let before = app.snapshot("outbox").await;
     let lock = lock_table(&app).await;
 
     let started = Instant::now();
@@ -68,7 +69,12 @@ async fn a_locked_table_answers_unavailable_within_the_statement_timeout() {
 
     // Nothing changed, and the lease still acks once the lock is gone.
     lock.rollback().await.expect("release the lock");
-    assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await.len(), 1);
+    assert_eq!(
+        app.snapshot("outbox").await,
+        before,
+        "the refused calls changed nothing"
+    );
+    assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await, [OK]);
 }
 
 #[tokio::test]

@@ -7,145 +7,119 @@
 
 mod harness;
 mod history;
-mod proxy;
 mod relay;
-// The api tests' broker helpers: a queue of the case's own, deleted at the end.
-#[allow(dead_code)]
-#[path = "../api/relay/rabbit.rs"]
-mod rabbit;
+#[path = "../shared/mod.rs"]
+mod shared;
 
-use harness::{
-    Outboxd, Sampler, Targets, TestDb, Workers, conclude, free_port, millis, produce, secs,
+use harness::{Case, Outboxd, Targets};
+use shared::{
+    net::free_port,
+    proxy::Proxy,
+    wait::{millis, secs},
 };
-use history::History;
-use proxy::Proxy;
-use tokio::{sync::Mutex, time::Instant, time::sleep};
-
-/// Cases take turns: each has the machine to itself.
-static TURN: Mutex<()> = Mutex::const_new(());
+use tokio::time::{Instant, sleep};
 
 const EVENTS: usize = 3000;
-const WORKERS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outboxd_killed_9_and_restarted_loses_nothing_and_fences_every_stale_ack() {
-    let _turn = TURN.lock().await;
-    let began = Instant::now();
-    let db = TestDb::create().await;
-    let history = History::new();
+    let case = Case::begin().await;
     let port = free_port();
-    let mut server = Outboxd::start(&db.url(), port).await;
-    let workers = Workers::spawn(WORKERS, &Targets::new([server.url()]), &history);
-    let sampler = Sampler::start(&db.pool, &history);
-    let producers = produce(&db.pool, &history, EVENTS, secs(10));
+    let mut server = Outboxd::start(&case.db.url(), port).await;
+    let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
     for round in 1..=4 {
+        // The fault schedule: 2 s of load between kills, 500 ms down after each.
         sleep(secs(2)).await;
-        sampler.begin(format!("kill -9 outboxd ({round})")).await;
+        load.sampler
+            .begin(format!("kill -9 outboxd ({round})"))
+            .await;
         server.kill9().await;
         sleep(millis(500)).await;
-        server = Outboxd::start(&db.url(), port).await;
-        sampler.end();
+        server = Outboxd::start(&case.db.url(), port).await;
+        load.sampler.end();
     }
-    producers.await.expect("producers");
-    conclude("kill -9 outboxd", &db, &history, workers, sampler, began).await;
+    let figures = load.conclude(&case, "kill -9 outboxd").await;
+    assert!(figures.fenced > 0, "stale acks were sent, and fenced");
     drop(server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_one_killed_9_workers_move_to_the_live_one() {
-    let _turn = TURN.lock().await;
-    let began = Instant::now();
-    let db = TestDb::create().await;
-    let history = History::new();
+    let case = Case::begin().await;
     let ports = [free_port(), free_port()];
-    let first = Outboxd::start(&db.url(), ports[0]).await;
-    let second = Outboxd::start(&db.url(), ports[1]).await;
+    let first = Outboxd::start(&case.db.url(), ports[0]).await;
+    let second = Outboxd::start(&case.db.url(), ports[1]).await;
     // Workers 0 and 2 start on the first replica, 1 and 3 on the second.
-    let targets = Targets::new([first.url(), second.url()]);
-    let workers = Workers::spawn(WORKERS, &targets, &history);
-    let sampler = Sampler::start(&db.pool, &history);
-    let producers = produce(&db.pool, &history, EVENTS, secs(10));
+    let load = case.load(&Targets::new([first.url(), second.url()]), EVENTS, secs(10));
 
+    // The fault schedule: 3 s of load, the second replica down for 3 s, 2 s
+    // of load on both, then the first replica goes for good.
     sleep(secs(3)).await;
-    sampler.begin("kill -9 the second replica").await;
+    load.sampler.begin("kill -9 the second replica").await;
     second.kill9().await;
-    sampler.end();
+    load.sampler.end();
     sleep(secs(3)).await;
-    let second = Outboxd::start(&db.url(), ports[1]).await;
+    let second = Outboxd::start(&case.db.url(), ports[1]).await;
     sleep(secs(2)).await;
-    sampler.begin("kill -9 the first replica").await;
+    load.sampler.begin("kill -9 the first replica").await;
     first.kill9().await;
-    sampler.end();
+    load.sampler.end();
 
-    producers.await.expect("producers");
-    conclude(
-        "two replicas, one killed",
-        &db,
-        &history,
-        workers,
-        sampler,
-        began,
-    )
-    .await;
+    let figures = load.conclude(&case, "two replicas, one killed").await;
+    assert!(
+        figures.recoveries > 0,
+        "workers whose replica died succeeded again on the live one"
+    );
     drop(second);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_connections_cut_and_stalled_lose_nothing() {
-    let _turn = TURN.lock().await;
-    let began = Instant::now();
-    let db = TestDb::create().await;
-    let history = History::new();
-    let proxy = Proxy::start(TestDb::upstream()).await;
-    let server = Outboxd::start(&db.url_via(proxy.addr()), free_port()).await;
-    let workers = Workers::spawn(WORKERS, &Targets::new([server.url()]), &history);
-    let sampler = Sampler::start(&db.pool, &history);
-    let producers = produce(&db.pool, &history, EVENTS, secs(12));
+    let case = Case::begin().await;
+    let proxy = Proxy::start(case.db.upstream()).await;
+    let server = Outboxd::start(&case.db.url_via(proxy.addr()), free_port()).await;
+    let load = case.load(&Targets::new([server.url()]), EVENTS, secs(12));
 
     for round in 1..=3 {
+        // The fault schedule: 2 s of load, a reset, 1 s of load, a 3 s stall.
         sleep(secs(2)).await;
-        sampler
+        load.sampler
             .begin(format!("cut outboxd's database connections ({round})"))
             .await;
-        proxy.cut();
-        sampler.end();
+        proxy.reset_connections();
+        load.sampler.end();
         sleep(secs(1)).await;
-        sampler
+        load.sampler
             .begin(format!("stall outboxd's database connections 3s ({round})"))
             .await;
         proxy.stall();
         sleep(secs(3)).await;
         proxy.resume();
-        sampler.end();
+        load.sampler.end();
     }
-    producers.await.expect("producers");
-    conclude("cut and stalled", &db, &history, workers, sampler, began).await;
+    load.conclude(&case, "cut and stalled").await;
     drop(server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outboxd_backends_terminated_listener_included_lose_nothing() {
-    let _turn = TURN.lock().await;
-    let began = Instant::now();
-    let db = TestDb::create().await;
-    let history = History::new();
-    let server = Outboxd::start(&db.url(), free_port()).await;
-    let workers = Workers::spawn(WORKERS, &Targets::new([server.url()]), &history);
-    let sampler = Sampler::start(&db.pool, &history);
-    let producers = produce(&db.pool, &history, EVENTS, secs(10));
+    let case = Case::begin().await;
+    let server = Outboxd::start(&case.db.url(), free_port()).await;
+    let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
     let (mut backends, mut listener_hit) = (0, 0);
     for round in 1..=5 {
+        // The fault schedule: 2 s of load between terminations.
         sleep(secs(2)).await;
-        sampler
+        load.sampler
             .begin(format!("pg_terminate_backend of outboxd ({round})"))
             .await;
-        let (terminated, listener) = db.terminate_outboxd_backends().await;
+        let (terminated, listener) = case.db.terminate_outboxd_backends().await;
         assert!(terminated > 0, "outboxd has backends to terminate");
         backends += terminated;
         listener_hit += usize::from(listener);
-        sampler.end();
+        load.sampler.end();
     }
     println!(
         "pg_terminate_backend: {backends} outboxd backends, the LISTEN one in {listener_hit} of 5 rounds"
@@ -154,16 +128,7 @@ async fn outboxd_backends_terminated_listener_included_lose_nothing() {
         listener_hit > 0,
         "the LISTEN backend was terminated at least once"
     );
-    producers.await.expect("producers");
-    conclude(
-        "pg_terminate_backend",
-        &db,
-        &history,
-        workers,
-        sampler,
-        began,
-    )
-    .await;
+    load.conclude(&case, "pg_terminate_backend").await;
     drop(server);
 }
 
@@ -174,10 +139,9 @@ async fn outboxd_backends_terminated_listener_included_lose_nothing() {
 async fn a_stalled_link_answers_unavailable_within_the_statement_timeout() {
     use outboxd::grpc::pb::{GetStatsRequest, outbox_service_client::OutboxServiceClient};
 
-    let _turn = TURN.lock().await;
-    let db = TestDb::create().await;
-    let proxy = Proxy::start(TestDb::upstream()).await;
-    let server = Outboxd::start(&db.url_via(proxy.addr()), free_port()).await;
+    let case = Case::begin().await;
+    let proxy = Proxy::start(case.db.upstream()).await;
+    let server = Outboxd::start(&case.db.url_via(proxy.addr()), free_port()).await;
     let mut client = OutboxServiceClient::connect(server.url())
         .await
         .expect("a client without a deadline");

@@ -7,347 +7,27 @@
 //! (duplicates), so `--nocapture` shows it.
 #![allow(clippy::print_stdout)]
 
-mod rabbit;
+mod events;
+mod process;
 
-use std::{
-    collections::{HashMap, HashSet},
-    process::{ExitStatus, Stdio},
-    sync::{Arc, Mutex as StdMutex, PoisonError},
-    time::Duration,
-};
-
-use rabbit::{AMQP_URL, Bystander, Rabbit, Received};
 use serde_json::json;
-use sqlx::PgPool;
-use tokio::{
-    io::{AsyncBufReadExt, AsyncRead, BufReader},
-    process::{Child, Command},
-    sync::Mutex,
-    task::JoinHandle,
-};
+use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use crate::support::{Proxy, TestApp, secs, wait_until};
+use crate::{
+    shared::{
+        net::free_port,
+        rabbit::{self, Bystander, Rabbit},
+    },
+    support::{Proxy, TestApp, secs, wait_until},
+};
+use events::{assert_all_arrived, produce, published, tally, unpublished, wait_all_delivered};
+use process::{Relay, listening_ports, relay_command};
 
 /// Relay tests that use the broker take it in turns.
 static BROKER: Mutex<()> = Mutex::const_new(());
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-
-/// The relay binary as a child process, killed if the test drops it, with
-/// what it writes (log lines go to stdout, start-up errors to stderr)
-/// collected as it comes, so the pipes never fill up.
-struct Relay {
-    child: Child,
-    output: Arc<StdMutex<Vec<String>>>,
-    readers: Vec<JoinHandle<()>>,
-}
-
-/// The relay's command line with the test defaults, to add flags to.
-fn relay_command() -> Command {
-    let mut cmd = Command::new(
-        std::path::Path::new(env!("CARGO_BIN_EXE_outboxd")).with_file_name("outbox-relay"),
-    );
-    cmd.args(["--wait", "1s", "--drain-timeout", "10s"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
-}
-
-/// A line as written, without the terminal colours of text logs.
-fn plain(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters, then a final letter.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn collect(
-    stream: impl AsyncRead + Unpin + Send + 'static,
-    into: Arc<StdMutex<Vec<String>>>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            into.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(plain(&line));
-        }
-    })
-}
-
-impl Relay {
-    fn start(app: &TestApp, rabbit: &Rabbit, extra: &[&str]) -> Self {
-        Self::start_with_env(app, rabbit, extra, &[])
-    }
-
-    fn start_with_env(
-        app: &TestApp,
-        rabbit: &Rabbit,
-        extra: &[&str],
-        env: &[(&str, String)],
-    ) -> Self {
-        Self::start_via(app, rabbit, AMQP_URL, extra, env)
-    }
-
-    /// A relay for `app` publishing over `amqp_url` to `rabbit`'s exchange
-    /// with `--no-declare`, unless `extra` names an `--exchange` (which the
-    /// relay then declares), and with metrics on a free port unless `extra`
-    /// sets `--metrics-listen`.
-    fn start_via(
-        app: &TestApp,
-        rabbit: &Rabbit,
-        amqp_url: &str,
-        extra: &[&str],
-        env: &[(&str, String)],
-    ) -> Self {
-        let mut cmd = relay_command();
-        cmd.args(["--server", &format!("http://{}", app.addr)])
-            .args(["--amqp-url", amqp_url]);
-        if !extra.contains(&"--exchange") {
-            cmd.args(["--exchange", &rabbit.exchange, "--no-declare"]);
-        }
-        if !extra.contains(&"--metrics-listen") {
-            cmd.args(["--metrics-listen", "127.0.0.1:0"]);
-        }
-        cmd.args(extra)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
-        Self::spawn(cmd)
-    }
-
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.spawn().expect("spawn outbox-relay");
-        let output = Arc::new(StdMutex::new(Vec::new()));
-        let stdout = child.stdout.take().expect("the relay's stdout is piped");
-        let stderr = child.stderr.take().expect("the relay's stderr is piped");
-        let readers = vec![
-            collect(stdout, Arc::clone(&output)),
-            collect(stderr, Arc::clone(&output)),
-        ];
-        Self {
-            child,
-            output,
-            readers,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().expect("the relay is running")
-    }
-
-    /// What the relay wrote so far, line by line.
-    fn lines(&self) -> Vec<String> {
-        self.output
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Waits until the relay has written a line that `matches`, and returns it.
-    async fn line(&self, limit: Duration, what: &str, matches: impl Fn(&str) -> bool) -> String {
-        wait_until(limit, what, async || {
-            self.lines().iter().any(|l| matches(l))
-        })
-        .await;
-        self.lines()
-            .into_iter()
-            .find(|l| matches(l))
-            .unwrap_or_default()
-    }
-
-    /// SIGKILL: no chance to ack what it published.
-    async fn kill9(mut self) {
-        self.child.kill().await.expect("kill -9 the relay");
-    }
-
-    /// SIGTERM, then the exit status.
-    async fn terminate(self) -> ExitStatus {
-        self.terminate_with_output().await.0
-    }
-
-    /// SIGTERM, then the exit status and everything the relay wrote.
-    async fn terminate_with_output(self) -> (ExitStatus, Vec<String>) {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .await
-            .expect("run kill");
-        assert!(sent.success(), "SIGTERM delivered");
-        self.exit_within(secs(30)).await
-    }
-
-    /// The exit status once the relay exits by itself, within `limit`, and
-    /// everything it wrote.
-    async fn exit_within(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
-        let status = tokio::time::timeout(limit, self.child.wait())
-            .await
-            .unwrap_or_else(|_| panic!("the relay did not exit within {limit:?}"))
-            .expect("wait for the relay");
-        // The pipes close with the process: the readers end with them.
-        for reader in self.readers.drain(..) {
-            let _ = reader.await;
-        }
-        (status, self.lines())
-    }
-}
-
-/// The TCP ports process `pid` listens on (Linux: its socket inodes in
-/// /proc/PID/fd matched against the LISTEN rows of /proc/PID/net/tcp{,6}).
-fn listening_ports(pid: u32) -> Vec<u16> {
-    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("read the process's file descriptors")
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            Some(
-                target
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .to_owned(),
-            )
-        })
-        .collect();
-    let mut ports = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(rows) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for row in rows.lines().skip(1) {
-            let fields: Vec<&str> = row.split_whitespace().collect();
-            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, inode is field 9.
-            let (Some(local), Some(&"0A"), Some(inode)) =
-                (fields.get(1), fields.get(3), fields.get(9))
-            else {
-                continue;
-            };
-            if inodes.contains(*inode)
-                && let Some(port) = local
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-            {
-                ports.push(port);
-            }
-        }
-    }
-    ports
-}
-
-/// A local port nothing listens on (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free local port")
-        .port()
-}
-
-/// Producer transactions from concurrent tasks; every `rollback_every`-th
-/// transaction of a task rolls back. Returns (committed, rolled back) ids.
-async fn produce(
-    pool: &PgPool,
-    tasks: usize,
-    txs_per_task: usize,
-    per_tx: usize,
-    rollback_every: usize,
-) -> (Vec<Uuid>, Vec<Uuid>) {
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let pool = pool.clone();
-        handles.push(tokio::spawn(async move {
-            let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
-            for t in 0..txs_per_task {
-                let ids: Vec<Uuid> = (0..per_tx).map(|_| Uuid::new_v4()).collect();
-                let aggregates: Vec<String> = (0..per_tx).map(|i| format!("agg-{task}-{t}-{i}")).collect();
-                let mut tx = pool.begin().await.expect("begin");
-                sqlx::query(
-                    "INSERT INTO outbox (id, aggregate_id, event_type, payload, headers) \
-                     SELECT id, agg, 'order.created', jsonb_build_object('aggregate', agg, 'pad', repeat('x', 200)), $3 \
-                     FROM unnest($1::uuid[], $2::text[]) AS t(id, agg)",
-                )
-                .bind(&ids)
-                .bind(&aggregates)
-                .bind(json!({ "traceparent": TRACEPARENT }))
-                .execute(&mut *tx)
-                .await
-                .expect("insert events");
-                if rollback_every > 0 && t % rollback_every == rollback_every - 1 {
-                    tx.rollback().await.expect("rollback");
-                    rolled_back.extend(ids);
-                } else {
-                    tx.commit().await.expect("commit");
-                    committed.extend(ids);
-                }
-            }
-            (committed, rolled_back)
-        }));
-    }
-    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
-    for handle in handles {
-        let (c, r) = handle.await.expect("producer task");
-        committed.extend(c);
-        rolled_back.extend(r);
-    }
-    (committed, rolled_back)
-}
-
-async fn unpublished(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-        .fetch_one(pool)
-        .await
-        .expect("count unpublished")
-}
-
-async fn published(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
-        .fetch_one(pool)
-        .await
-        .expect("count published")
-}
-
-/// Waits until every row is published and the queue holds at least `expected`.
-async fn wait_all_delivered(app: &TestApp, rabbit: &Rabbit, expected: usize, limit: Duration) {
-    wait_until(
-        limit,
-        "every committed event published and queued",
-        async || unpublished(app.pool()).await == 0 && rabbit.depth().await as usize >= expected,
-    )
-    .await;
-}
-
-/// How often each message id arrived.
-fn tally(got: &[Received]) -> HashMap<String, usize> {
-    let mut counts = HashMap::new();
-    for m in got {
-        *counts.entry(m.message_id.clone()).or_insert(0) += 1;
-    }
-    counts
-}
-
-fn assert_all_arrived(committed: &[Uuid], counts: &HashMap<String, usize>) {
-    let missing: Vec<_> = committed
-        .iter()
-        .filter(|id| !counts.contains_key(&id.to_string()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} committed events never arrived, e.g. {:?}",
-        missing.len(),
-        missing.first()
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_committed_event_arrives_and_no_rolled_back_one_does() {
@@ -371,7 +51,7 @@ async fn every_committed_event_arrives_and_no_rolled_back_one_does() {
         .collect();
     assert!(leaked.is_empty(), "rolled-back events arrived: {leaked:?}");
     assert_eq!(
-        unpublished(app.pool()).await,
+        unpublished(&app).await,
         0,
         "the outbox ends fully published"
     );
@@ -422,11 +102,11 @@ async fn a_relay_killed_mid_run_loses_nothing_after_a_restart() {
 
     let relay = Relay::start(&app, &rabbit, &args);
     wait_until(secs(60), "the first relay publishes some", async || {
-        published(app.pool()).await >= 500
+        published(&app).await >= 500
     })
     .await;
     relay.kill9().await;
-    let published_at_kill = published(app.pool()).await;
+    let published_at_kill = published(&app).await;
 
     let relay = Relay::start(&app, &rabbit, &args);
     wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
@@ -516,6 +196,12 @@ async fn two_relays_share_the_work_without_loss() {
             .fetch_all(app.pool())
             .await
             .expect("workers");
+    for relay in ["relay-a", "relay-b"] {
+        assert!(
+            workers.iter().any(|w| w.starts_with(relay)),
+            "{relay} published a share: {workers:?}"
+        );
+    }
     println!(
         "two relays: {} events, {} deliveries, claimed by {workers:?}",
         committed.len(),
@@ -541,11 +227,11 @@ async fn the_relay_recovers_when_the_broker_drops_its_connections() {
     );
     let (mut committed, _) = produce(app.pool(), 2, 10, 100, 0).await;
     wait_until(secs(60), "the relay publishes", async || {
-        published(app.pool()).await > 0
+        published(&app).await > 0
     })
     .await;
 
-    proxy.cut();
+    proxy.take_down();
     relay
         .line(secs(30), "the relay reports the broker gone", |l| {
             l.contains("WARN") && l.contains("RabbitMQ unavailable")
@@ -554,7 +240,7 @@ async fn the_relay_recovers_when_the_broker_drops_its_connections() {
     // Work that can only be published over a new connection.
     let (more, _) = produce(app.pool(), 2, 10, 100, 0).await;
     committed.extend(more);
-    proxy.restore();
+    proxy.bring_back();
     wait_all_delivered(&app, &rabbit, committed.len(), secs(120)).await;
     let (status, lines) = relay.terminate_with_output().await;
     assert!(status.success());
@@ -729,26 +415,18 @@ async fn the_published_message_carries_the_producers_trace() {
         .await;
 
     // The relay's Ack is a client span whose context reached outboxd.
-    let deadline = tokio::time::Instant::now() + secs(20);
-    loop {
-        let spans = collector.all();
-        let continued = spans.iter().any(|client| {
-            client.service == "outbox-relay"
-                && client.kind == 3
-                && client.name == "outbox.v1.OutboxService/Ack"
-                && spans
-                    .iter()
-                    .any(|server| server.kind == 2 && server.parent_span_id == client.span_id)
-        });
-        if continued {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no outboxd span continues the relay's Ack"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    collector
+        .wait_until("an outboxd span continues the relay's Ack", |spans| {
+            spans.iter().any(|client| {
+                client.service == "outbox-relay"
+                    && client.kind == 3
+                    && client.name == "outbox.v1.OutboxService/Ack"
+                    && spans
+                        .iter()
+                        .any(|server| server.kind == 2 && server.parent_span_id == client.span_id)
+            })
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -29,6 +29,8 @@ use opentelemetry_sdk::{
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
+use crate::shared::wait::{holds_within, wait_until};
+
 /// A span as the collector received it; ids in lowercase hex.
 #[derive(Debug, Clone)]
 pub struct ReceivedSpan {
@@ -125,18 +127,24 @@ impl Collector {
         what: &str,
         pick: impl Fn(&ReceivedSpan) -> bool,
     ) -> ReceivedSpan {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(span) = self.spans_in(trace_id).into_iter().find(|s| pick(s)) {
-                return span;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no {what} in trace {trace_id}; it holds {:#?}",
-                self.spans_in(trace_id)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let find = || self.spans_in(trace_id).into_iter().find(|s| pick(s));
+        let arrived = holds_within(
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            async || find().is_some(),
+        )
+        .await;
+        assert!(
+            arrived,
+            "no {what} in trace {trace_id}; it holds {:#?}",
+            self.spans_in(trace_id)
+        );
+        find().expect("a span once there stays")
+    }
+
+    /// Waits until some span received satisfies `holds`, given every span received.
+    pub async fn wait_until(&self, what: &str, holds: impl Fn(&[ReceivedSpan]) -> bool) {
+        wait_until(Duration::from_secs(20), what, async || holds(&self.all())).await;
     }
 }
 

@@ -1,13 +1,13 @@
 //! RabbitMQ for relay tests: a per-test exchange (and queue), read back with
 //! fresh connections of the test's own, and deleted when the test ends,
 //! failed or not. Tests that take the broker away from the relay do it with a
-//! proxy of their own (`support::Proxy`), never to the broker's other clients.
+//! proxy of their own (`shared::proxy::Proxy`), never to the broker's other clients.
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use futures::StreamExt;
 use lapin::{
-    Connection, ConnectionProperties, ExchangeKind,
+    Channel, Connection, ConnectionProperties, ExchangeKind, Queue,
     options::{
         BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
         QueueDeclareOptions, QueueDeleteOptions,
@@ -54,6 +54,16 @@ async fn connect() -> Connection {
         .expect("RabbitMQ at 127.0.0.1:5672 (scripts/test starts it)")
 }
 
+/// Declares `queue` passively: an error if it does not exist, its counts if it does.
+async fn passive_declare(ch: &Channel, queue: &str) -> lapin::Result<Queue> {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    ch.queue_declare(queue.into(), options, FieldTable::default())
+        .await
+}
+
 /// A client of the broker that is not the relay: connected before a test
 /// takes the broker away from the relay, it must still be connected after.
 pub struct Bystander(Connection);
@@ -82,16 +92,9 @@ impl Bystander {
             .create_channel()
             .await
             .expect("a new channel on the bystander's connection");
-        ch.queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("a passive declare on the bystander's connection");
+        passive_declare(&ch, queue)
+            .await
+            .expect("a passive declare on the bystander's connection");
         let _ = ch.close(200, "bye".into()).await;
     }
 }
@@ -172,16 +175,7 @@ impl Rabbit {
     pub async fn try_depth(&self) -> Option<u32> {
         let conn = connect().await;
         let ch = conn.create_channel().await.expect("channel");
-        let q = ch
-            .queue_declare(
-                self.queue().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let q = passive_declare(&ch, self.queue()).await;
         let _ = conn.close(200, "bye".into()).await;
         q.ok().map(|q| q.message_count())
     }

@@ -1,0 +1,190 @@
+//! One outboxd server per test, in process, on port 0: its arguments, its
+//! start on a database of the test's own behind a cuttable proxy, its clients,
+//! and its graceful stop.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use outboxd::{
+    config::{Cli, Config},
+    grpc::pb::outbox_service_client::OutboxServiceClient,
+    server::Server,
+};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::{Proxy, TestDb, logs::init_tracing, within};
+
+pub type Client = OutboxServiceClient<Channel>;
+
+/// Longest any single RPC or SQL helper may take before the test fails loudly
+/// instead of hanging.
+pub(super) const RPC_GUARD: Duration = Duration::from_secs(30);
+
+/// Command-line arguments for a test server; later settings replace earlier ones.
+#[derive(Debug, Clone)]
+pub struct ServerArgs {
+    args: Vec<(String, Option<String>)>,
+}
+
+impl ServerArgs {
+    fn new(database_url: String) -> Self {
+        let mut args = Self { args: Vec::new() };
+        args.set("--database-url", database_url)
+            .set("--listen", "127.0.0.1:0")
+            .set("--metrics-listen", "127.0.0.1:0")
+            .set("--poll-interval", "500ms")
+            .set("--health-interval", "200ms")
+            .set("--db-acquire-timeout", "1s")
+            .set("--drain-timeout", "5s");
+        args
+    }
+
+    /// Sets a single-valued flag, replacing any earlier value.
+    pub fn set(&mut self, flag: &str, value: impl Into<String>) -> &mut Self {
+        self.args.retain(|(f, _)| f != flag);
+        self.add(flag, value)
+    }
+
+    /// Adds one value of a repeatable flag (`--outbox`).
+    pub fn add(&mut self, flag: &str, value: impl Into<String>) -> &mut Self {
+        self.args.push((flag.to_owned(), Some(value.into())));
+        self
+    }
+
+    /// Adds a boolean flag (`--no-migrate`).
+    pub fn flag(&mut self, flag: &str) -> &mut Self {
+        self.args.push((flag.to_owned(), None));
+        self
+    }
+
+    fn argv(&self) -> Vec<String> {
+        let mut argv = vec!["outboxd".to_owned()];
+        for (flag, value) in &self.args {
+            argv.push(flag.clone());
+            argv.extend(value.clone());
+        }
+        argv
+    }
+}
+
+/// The server configuration a test asks for, parsed and validated like the
+/// binary does. The server it is for logs to the test writer.
+pub fn config_for(
+    db: &TestDb,
+    database: SocketAddr,
+    customize: impl FnOnce(&mut ServerArgs),
+) -> Config {
+    init_tracing();
+    let mut args = ServerArgs::new(db.url_via(database));
+    customize(&mut args);
+    let argv = args.argv();
+    let cli = <Cli as clap::Parser>::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("test server arguments {argv:?} do not parse: {e}"));
+    cli.serve
+        .validate()
+        .unwrap_or_else(|e| panic!("test server arguments {argv:?} are invalid: {e}"))
+}
+
+/// One running outboxd, its clients and its database.
+#[derive(Debug)]
+pub struct TestApp {
+    pub addr: SocketAddr,
+    /// Where `GET /metrics` answers.
+    pub metrics_addr: SocketAddr,
+    pub client: Client,
+    pub health: HealthClient<Channel>,
+    /// Between this server and PostgreSQL: `take_down()` is "database down".
+    pub proxy: Proxy,
+    /// Cancelling it starts the graceful shutdown.
+    pub shutdown: CancellationToken,
+    serve: Option<JoinHandle<anyhow::Result<()>>>,
+    /// Last, so the database outlives the server's connections to it.
+    pub db: Arc<TestDb>,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    pub async fn spawn_with(customize: impl FnOnce(&mut ServerArgs)) -> Self {
+        let db = TestDb::create().await;
+        Self::spawn_on(db, customize)
+            .await
+            .unwrap_or_else(|e| panic!("test server did not start: {e:#}"))
+    }
+
+    /// A server on an existing database (a second replica, or a database a test
+    /// prepared before the server starts).
+    pub async fn spawn_on(
+        db: Arc<TestDb>,
+        customize: impl FnOnce(&mut ServerArgs),
+    ) -> anyhow::Result<Self> {
+        let proxy = Proxy::start(db.upstream()).await;
+        Self::spawn_behind(db, proxy, customize).await
+    }
+
+    /// A server that reaches its database through `proxy`, which the test may
+    /// have taken down already.
+    pub async fn spawn_behind(
+        db: Arc<TestDb>,
+        proxy: Proxy,
+        customize: impl FnOnce(&mut ServerArgs),
+    ) -> anyhow::Result<Self> {
+        let config = config_for(&db, proxy.addr(), customize);
+        let build_cancel = CancellationToken::new();
+        let server = within(
+            RPC_GUARD,
+            "Server::build",
+            Server::build(config, &build_cancel),
+        )
+        .await?;
+        let addr = server.local_addr()?;
+        let metrics_addr = server.metrics_addr()?;
+        let shutdown = CancellationToken::new();
+        let serve = tokio::spawn(server.serve(shutdown.clone()));
+        let channel = Channel::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?;
+        Ok(Self {
+            addr,
+            metrics_addr,
+            client: OutboxServiceClient::new(channel.clone()),
+            health: HealthClient::new(channel),
+            proxy,
+            shutdown,
+            serve: Some(serve),
+            db,
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.db.pool
+    }
+
+    /// A client on a connection of its own.
+    pub async fn new_client(&self) -> Client {
+        OutboxServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect a gRPC client")
+    }
+
+    /// Starts the graceful shutdown and waits up to `limit` for `serve` to return.
+    pub async fn stop(&mut self, limit: Duration) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let serve = self.serve.take().expect("the server is stopped only once");
+        within(limit, "the server's graceful shutdown", serve)
+            .await
+            .expect("the serve task does not panic")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // Starts the server's shutdown; the database goes with the last TestDb handle.
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,231 @@
+//! The producer's side (plain SQL inserts, one transaction per call) and the
+//! outbox tables' state, read directly from the test database.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{TestApp, secs, wait_until};
+
+impl TestApp {
+    // ---- producer side ----
+
+    /// Commits `n` events to the default outbox table in one transaction.
+    pub async fn insert(&self, n: usize) -> Vec<Uuid> {
+        self.insert_into("public.outbox", n).await
+    }
+
+    /// Commits `n` events to `table` in one transaction; ids in insertion order.
+    pub async fn insert_into(&self, table: &str, n: usize) -> Vec<Uuid> {
+        let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+        let mut tx = self
+            .pool()
+            .begin()
+            .await
+            .expect("begin producer transaction");
+        for (i, id) in ids.iter().enumerate() {
+            let payload = json!({ "n": i });
+            insert_row(
+                &mut tx,
+                table,
+                *id,
+                &format!("agg-{i}"),
+                "test.event",
+                &payload,
+                &json!({}),
+            )
+            .await;
+        }
+        tx.commit().await.expect("commit producer transaction");
+        ids
+    }
+
+    /// Commits one event with every producer column chosen by the test.
+    pub async fn insert_event(
+        &self,
+        id: Uuid,
+        aggregate: &str,
+        event_type: &str,
+        payload: Value,
+        headers: Value,
+    ) {
+        let mut conn = self.pool().acquire().await.expect("producer connection");
+        insert_row(
+            &mut conn,
+            "public.outbox",
+            id,
+            aggregate,
+            event_type,
+            &payload,
+            &headers,
+        )
+        .await;
+    }
+
+    // ---- table state ----
+
+    /// The service columns of one row of the default outbox.
+    pub async fn row(&self, id: &str) -> Row {
+        self.row_in("public.outbox", id)
+            .await
+            .unwrap_or_else(|| panic!("row {id} is not in public.outbox"))
+    }
+
+    pub async fn row_in(&self, table: &str, id: &str) -> Option<Row> {
+        let id = Uuid::parse_str(id).expect("row ids are UUIDs");
+        let sql = format!(
+            "SELECT created_at, attempts, lease_id, claimed_by, claimed_at, published_at, dead_lettered_at, \
+                    last_error, available_at, locked_until, \
+                    extract(epoch FROM locked_until - now())::float8 AS lease_left \
+             FROM {table} WHERE id = $1"
+        );
+        sqlx::query_as::<_, Row>(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .expect("read an outbox row")
+    }
+
+    /// Every row of `table` with every column, as text: equal snapshots mean
+    /// nothing changed.
+    pub async fn snapshot(&self, table: &str) -> String {
+        let sql = format!(
+            "SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.seq), '[]')::text FROM {table} AS o"
+        );
+        sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+            .fetch_one(self.pool())
+            .await
+            .expect("snapshot an outbox table")
+    }
+
+    pub async fn count(&self, table: &str, filter: &str) -> i64 {
+        self.db
+            .scalar_i64(&format!("SELECT count(*) FROM {table} WHERE {filter}"))
+            .await
+    }
+
+    /// The database clock, the only clock leases and retries are measured by.
+    pub async fn db_now(&self) -> DateTime<Utc> {
+        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()")
+            .fetch_one(self.pool())
+            .await
+            .expect("read the database clock")
+    }
+
+    /// The backend pid of the server's LISTEN connection, if it has one.
+    pub async fn listener_pid(&self) -> Option<i32> {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%'
+             ORDER BY backend_start DESC LIMIT 1",
+        )
+        .fetch_optional(self.pool())
+        .await
+        .expect("read pg_stat_activity")
+    }
+
+    /// Waits until the server listens for notifications. Tests that count
+    /// wake-ups wait for this first: when the listener (re)connects it wakes
+    /// every waiting claim once, since notifications may have been missed.
+    pub async fn listening(&self) {
+        wait_until(
+            secs(10),
+            "the server listens for notifications",
+            async || self.listener_pid().await.is_some(),
+        )
+        .await;
+    }
+
+    /// Counts UPDATE statements on `table` from now on (a statement-level trigger
+    /// fires even when no row changes), so a test can see how often the server
+    /// ran a claim: an empty claim updates nothing but still counts. A claim
+    /// joins the wake-up queue before it looks, so once its look is counted it
+    /// is waiting.
+    pub async fn count_updates(&self, table: &str) -> UpdateCounter {
+        let suffix = table.replace('.', "_");
+        let sequence = format!("test_updates_{suffix}");
+        self.db
+            .execute(&format!(
+                "CREATE SEQUENCE {sequence} MINVALUE 0 START 0;
+                 CREATE OR REPLACE FUNCTION test_count_update() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM nextval(TG_ARGV[0]::regclass); RETURN NULL; END $$;
+                 CREATE TRIGGER test_count_updates AFTER UPDATE ON {table}
+                     FOR EACH STATEMENT EXECUTE FUNCTION test_count_update('{sequence}');"
+            ))
+            .await;
+        UpdateCounter {
+            pool: self.pool().clone(),
+            sequence,
+        }
+    }
+}
+
+/// See [`TestApp::count_updates`].
+#[derive(Debug)]
+pub struct UpdateCounter {
+    pool: PgPool,
+    sequence: String,
+}
+
+impl UpdateCounter {
+    /// UPDATE statements run on the table so far (sequences are not
+    /// transactional, so statements still in flight count too).
+    pub async fn get(&self) -> i64 {
+        let sql = format!(
+            "SELECT CASE WHEN is_called THEN last_value + 1 ELSE 0 END FROM {}",
+            self.sequence
+        );
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .expect("read the update counter")
+    }
+}
+
+/// The service columns of an outbox row, and the lease left by the database clock.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Row {
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub lease_id: Option<Uuid>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub available_at: DateTime<Utc>,
+    pub locked_until: Option<DateTime<Utc>>,
+    /// Seconds until the lease expires (negative: expired; `None`: no lease).
+    pub lease_left: Option<f64>,
+}
+
+/// A plain event into `public.outbox` on `conn`, in whatever transaction
+/// the caller holds open there (to commit later, or roll back).
+pub async fn insert_plain(conn: &mut PgConnection, id: Uuid) {
+    let (empty, no_headers) = (json!({}), json!({}));
+    insert_row(conn, "outbox", id, "agg", "test.event", &empty, &no_headers).await;
+}
+
+pub async fn insert_row(
+    conn: &mut PgConnection,
+    table: &str,
+    id: Uuid,
+    aggregate: &str,
+    event_type: &str,
+    payload: &Value,
+    headers: &Value,
+) {
+    let sql = format!(
+        "INSERT INTO {table} (id, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5)"
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(id)
+        .bind(aggregate)
+        .bind(event_type)
+        .bind(payload)
+        .bind(headers)
+        .execute(conn)
+        .await
+        .expect("producer insert");
+}

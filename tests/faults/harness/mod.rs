@@ -1,0 +1,260 @@
+//! The fault suite's harness: a database of its own per case, outboxd as real
+//! child processes (so kill -9 is real), producers that commit events straight
+//! into the case's database, workers that claim, "publish" (record), ack and
+//! sometimes nack over gRPC, a sampler of what is under lease while a fault is
+//! on, and the end of every case: drain, read the final table, check.
+
+mod producers;
+mod sampler;
+mod workers;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    process::Stdio,
+    sync::Arc,
+    time::Duration,
+};
+
+use outboxd::grpc::pb::{GetStatsRequest, outbox_service_client::OutboxServiceClient};
+use tokio::{
+    process::{Child, Command},
+    task::JoinHandle,
+    time::Instant,
+};
+
+use crate::{
+    history::{self, Figures, FinalRow, History},
+    shared::{
+        bins,
+        db::TestDb,
+        wait::{secs, wait_until},
+    },
+};
+pub use producers::{burst, produce};
+pub use sampler::Sampler;
+pub use workers::{Targets, Workers};
+
+/// Workers in a case's load.
+const WORKERS: usize = 4;
+
+/// What the cases read from their database, beyond what every test can.
+impl TestDb {
+    /// Events neither published nor dead-lettered.
+    pub async fn pending(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("count pending events")
+    }
+
+    pub async fn published(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count published events")
+    }
+
+    /// Terminates every outboxd backend of this database (the LISTEN one
+    /// included), nobody else's; returns how many, and whether the listener was one.
+    pub async fn terminate_outboxd_backends(&self) -> (i64, bool) {
+        sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)),
+                    coalesce(bool_or(query ILIKE 'LISTEN%'), false)
+             FROM pg_stat_activity
+             WHERE datname = current_database()
+               AND application_name = 'outboxd'
+               AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("terminate outboxd's backends")
+    }
+
+    /// The table at the end of the case.
+    pub async fn finals(&self) -> HashMap<String, FinalRow> {
+        type Columns = (String, bool, bool, Option<String>, i32, Option<String>);
+        let rows: Vec<Columns> = sqlx::query_as(
+            "SELECT id::text, published_at IS NOT NULL, dead_lettered_at IS NOT NULL,
+                    last_error, attempts, lease_id::text
+             FROM outbox",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("read the final table");
+        rows.into_iter()
+            .map(
+                |(id, published, dead_lettered, last_error, attempts, lease_id)| {
+                    let row = FinalRow {
+                        published,
+                        dead_lettered,
+                        last_error,
+                        attempts: u32::try_from(attempts).expect("attempts are never negative"),
+                        lease_id,
+                    };
+                    (id, row)
+                },
+            )
+            .collect()
+    }
+}
+
+/// Cases take turns: each has the machine to itself.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One case: its turn on the machine, its database, its history, its clock.
+pub struct Case {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    pub began: Instant,
+    pub db: Arc<TestDb>,
+    pub history: History,
+}
+
+impl Case {
+    /// Waits for the case's turn, then gives it a database of its own.
+    pub async fn begin() -> Self {
+        let turn = TURN.lock().await;
+        Self {
+            _turn: turn,
+            began: Instant::now(),
+            db: TestDb::create().await,
+            history: History::new(),
+        }
+    }
+
+    /// Workers on `targets`, the sampler, and producers committing `events`
+    /// over `spread`: the load the faults hit.
+    pub fn load(&self, targets: &Targets, events: usize, spread: Duration) -> Load {
+        Load {
+            workers: Workers::spawn(WORKERS, targets, &self.history),
+            sampler: Sampler::start(&self.db.pool, &self.history),
+            producers: produce(&self.db.pool, &self.history, events, spread),
+        }
+    }
+}
+
+/// A case's running load; see [`Case::load`].
+pub struct Load {
+    pub workers: Workers,
+    pub sampler: Sampler,
+    producers: JoinHandle<()>,
+}
+
+impl Load {
+    /// The end of a case under load: the producers finish, the outbox drains,
+    /// the workers and the sampler stop, and the history is checked against
+    /// the final table.
+    pub async fn conclude(self, case: &Case, name: &str) -> Figures {
+        self.producers.await.expect("producers");
+        drained(&case.db, self.sampler, Some(self.workers)).await;
+        assess(case, name).await
+    }
+}
+
+/// A child process of a case: it logs errors only, to the test's stderr, and
+/// is killed when dropped.
+pub fn child_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    command
+}
+
+/// outboxd as a child process, killed when dropped.
+#[derive(Debug)]
+pub struct Outboxd {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Outboxd {
+    /// Starts outboxd on `port` against `database_url` and waits until it serves.
+    pub async fn start(database_url: &str, port: u16) -> Self {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let child = child_command(bins::outboxd())
+            .args(["--database-url", database_url])
+            .args(["--listen", &addr.to_string()])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--poll-interval", "200ms"])
+            .args(["--health-interval", "200ms"])
+            .args(["--db-acquire-timeout", "1s"])
+            .args(["--drain-timeout", "2s"])
+            .spawn()
+            .expect("spawn outboxd");
+        let server = Self { child, addr };
+        server.serving().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits until a GetStats answers: the database is reached and migrated.
+    async fn serving(&self) {
+        let url = self.url();
+        wait_until(secs(60), "outboxd serves", async || {
+            let Ok(mut client) = OutboxServiceClient::connect(url.clone()).await else {
+                return false;
+            };
+            client.get_stats(GetStatsRequest::default()).await.is_ok()
+        })
+        .await;
+    }
+
+    /// SIGKILL: no drain, no goodbye to PostgreSQL or the clients.
+    pub async fn kill9(mut self) {
+        self.child.kill().await.expect("kill -9 outboxd");
+    }
+}
+
+/// Waits until every committed event is settled, then stops the sampler and the workers.
+pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
+    wait_until(secs(120), "every committed event is settled", async || {
+        db.pending().await == 0
+    })
+    .await;
+    sampler.stop().await;
+    if let Some(workers) = workers {
+        workers.stop().await;
+    }
+}
+
+/// Checks the history against the final table and prints the case's figures.
+pub async fn assess(case: &Case, name: &str) -> Figures {
+    let finals = case.db.finals().await;
+    let recorded = case.history.recorded();
+    let verdict = history::check(&recorded, &finals);
+    let f = &verdict.figures;
+    let codes: &BTreeMap<String, usize> = &recorded.codes;
+    println!(
+        "fault case {name}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
+         (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
+         ({} failed calls {codes:?}, slowest settle {:.2}s), {:.1}s",
+        f.events,
+        f.deliveries,
+        f.duplicates,
+        f.claimed_twice,
+        f.exposed,
+        f.fenced,
+        f.dead_lettered,
+        f.faults,
+        f.recoveries,
+        f.failed_calls,
+        f.slowest_settle.as_secs_f64(),
+        case.began.elapsed().as_secs_f64()
+    );
+    assert!(
+        verdict.violations.is_empty(),
+        "fault case {name}: {} violations\n{}",
+        verdict.violations.len(),
+        verdict.report
+    );
+    verdict.figures
+}
