@@ -15,17 +15,6 @@ pub struct BackoffPolicy {
     pub jitter: f64,
 }
 
-impl Default for BackoffPolicy {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_secs(1),
-            factor: 2.0,
-            cap: Duration::from_secs(300),
-            jitter: 0.2,
-        }
-    }
-}
-
 impl BackoffPolicy {
     /// The delay before delivery `attempt + 1`, after `attempt` (1-based) failed.
     pub fn delay(&self, attempt: u32, rng: &mut impl Rng) -> Duration {
@@ -55,11 +44,22 @@ mod tests {
     use super::*;
     use rand::{SeedableRng, rngs::StdRng};
 
+    /// outboxd's default flags (`--backoff-base 1s` and so on); the flags are
+    /// where defaults live, this is test data.
+    fn policy() -> BackoffPolicy {
+        BackoffPolicy {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            cap: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+
     #[test]
     fn grows_exponentially_up_to_the_cap() {
         let policy = BackoffPolicy {
             jitter: 0.0,
-            ..BackoffPolicy::default()
+            ..policy()
         };
         let mut rng = StdRng::seed_from_u64(7);
         let secs: Vec<f64> = (1..=11)
@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_bounds_and_under_the_cap() {
-        let policy = BackoffPolicy::default();
+        let policy = policy();
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..1000 {
             let d = policy.delay(3, &mut rng).as_secs_f64();
@@ -84,7 +84,7 @@ mod tests {
 
     #[test]
     fn huge_attempt_counts_do_not_overflow() {
-        let policy = BackoffPolicy::default();
+        let policy = policy();
         let mut rng = StdRng::seed_from_u64(2);
         assert!(policy.delay(u32::MAX, &mut rng) <= policy.cap);
     }
@@ -92,7 +92,7 @@ mod tests {
     #[test]
     fn schedule_has_one_delay_per_attempt() {
         let mut rng = StdRng::seed_from_u64(3);
-        assert_eq!(BackoffPolicy::default().schedule(10, &mut rng).len(), 10);
-        assert_eq!(BackoffPolicy::default().schedule(0, &mut rng).len(), 1);
+        assert_eq!(policy().schedule(10, &mut rng).len(), 10);
+        assert_eq!(policy().schedule(0, &mut rng).len(), 1);
     }
 }

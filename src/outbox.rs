@@ -72,7 +72,8 @@ fn valid_identifier(part: &str) -> bool {
         && chars.all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
-/// How an outbox treats failures and history.
+/// How an outbox treats failures and history. Its defaults are the flags'
+/// (`--max-attempts`, `--backoff-*`, `--retention`), and nowhere else.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxPolicy {
     /// Deliveries before a row is dead-lettered instead of handed out again.
@@ -80,16 +81,6 @@ pub struct OutboxPolicy {
     pub backoff: BackoffPolicy,
     /// Published rows are kept this long; zero deletes a row when it is acked.
     pub retention: Duration,
-}
-
-impl Default for OutboxPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 10,
-            backoff: BackoffPolicy::default(),
-            retention: Duration::from_secs(7 * 24 * 3600),
-        }
-    }
 }
 
 /// One configured outbox.
@@ -236,7 +227,17 @@ mod tests {
             .expect("valid");
         assert_eq!(arg.name, "orders");
         assert_eq!(arg.table.to_string(), "sales.outbox");
-        let spec = arg.resolve(&OutboxPolicy::default());
+        let defaults = OutboxPolicy {
+            max_attempts: 10,
+            backoff: BackoffPolicy {
+                base: Duration::from_secs(1),
+                factor: 2.0,
+                cap: Duration::from_secs(300),
+                jitter: 0.2,
+            },
+            retention: Duration::from_secs(3600),
+        };
+        let spec = arg.resolve(&defaults);
         assert_eq!(spec.policy.max_attempts, 3);
         assert_eq!(spec.policy.retention, Duration::ZERO);
         assert_eq!(spec.policy.backoff.base, Duration::from_millis(250));
