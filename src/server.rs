@@ -1,14 +1,10 @@
 //! The composition root: pool, migrations, table adoption, the gRPC server and
 //! the named background tasks, and the order in which they stop.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use sqlx::{
-    PgPool,
-    migrate::Migrator,
-    postgres::{PgListener, PgPoolOptions},
-};
+use sqlx::{PgPool, migrate::Migrator, postgres::PgPoolOptions};
 use tokio::{net::TcpListener, task::JoinHandle, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -21,9 +17,9 @@ use crate::{
         pb::{self, outbox_service_server::OutboxServiceServer},
     },
     metrics::{self, Metrics, ServerMetrics},
-    service::OutboxService,
-    store::{self, AdoptMode, ConnectError, PgStore, StoreError},
-    wakeup::{self, Wakeup},
+    service::{OutboxService, Outboxes},
+    store::{self, AdoptMode, ConnectError, OutboxStore, PgFeed, PgStore, Store, StoreError},
+    wakeup,
     watch::{self, WatchSettings},
 };
 
@@ -149,7 +145,7 @@ pub async fn migrate(db: &DatabaseConfig, cancel: &CancellationToken) -> Result<
 pub struct Server {
     config: Config,
     store: PgStore,
-    notifications: PgListener,
+    notifications: PgFeed,
     listener: TcpListener,
     metrics_listener: TcpListener,
 }
@@ -187,7 +183,8 @@ impl Server {
             () = cancel.cancelled() => return Err(StartError::Interrupted),
         }
         .with_statement_timeout(db.statement_timeout);
-        let notifications = wakeup::connect(&store)
+        let notifications = store
+            .listen()
             .await
             .context("listening for outbox notifications")?;
         Ok(Self {
@@ -219,7 +216,7 @@ impl Server {
             metrics_listener,
         } = self;
         let addr = listener.local_addr()?;
-        let wakeup = Wakeup::new(store.specs().map(|s| s.name.clone()));
+        let outboxes = Outboxes::new(store.outboxes());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(SERVICE_NAME, ServingStatus::Serving)
@@ -242,15 +239,12 @@ impl Server {
             background.clone(),
         ));
         tasks.spawn(wakeup::listen(
-            store.clone(),
-            Arc::clone(&wakeup),
             notifications,
+            outboxes.wakeup(),
             background.clone(),
         ));
-        for outbox in store.specs().map(|s| s.name.clone()) {
+        for outbox in outboxes.iter().cloned() {
             tasks.spawn(watch::watch(
-                store.clone(),
-                Arc::clone(&wakeup),
                 outbox,
                 WatchSettings {
                     probe_interval: config.probe_interval,
@@ -273,8 +267,7 @@ impl Server {
         ));
 
         let service = OutboxService::new(
-            store.clone(),
-            wakeup,
+            outboxes,
             config.poll_interval,
             shutdown.clone(),
             server_metrics.clone(),
@@ -407,14 +400,15 @@ async fn sample_gauges(
     every: Duration,
     cancel: CancellationToken,
 ) {
-    let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
+    let outboxes = store.outboxes();
     let mut failing = false;
     let mut stretched = false;
     let mut pacing = GaugePacing::default();
     loop {
         let began = Instant::now();
-        for name in &names {
-            match store.gauges(name).await {
+        for outbox in &outboxes {
+            let name = &outbox.spec().name;
+            match outbox.gauges().await {
                 Ok(stats) => {
                     metrics.set_gauges(name, stats);
                     failing = false;
@@ -479,20 +473,21 @@ const GAUGE_DUTY: u32 = 19;
 
 /// Deletes published rows past each outbox's retention, in short batches.
 async fn retention(store: PgStore, every: Duration, batch: u32, cancel: CancellationToken) {
-    let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
+    let outboxes = store.outboxes();
     let mut failing = false;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        for name in &names {
+        for outbox in &outboxes {
+            let name = &outbox.spec().name;
             let mut deleted = 0u64;
             loop {
                 if cancel.is_cancelled() {
                     return;
                 }
-                match store.purge_published(name, i64::from(batch)).await {
+                match outbox.purge_published(batch).await {
                     Ok(n) => {
                         deleted += n;
                         if failing {
