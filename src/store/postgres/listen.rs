@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// The channel the outbox trigger notifies.
-pub const CHANNEL: &str = "outboxd";
+const CHANNEL: &str = "outboxd";
 
 /// The LISTEN connection, reconnecting with backoff when it fails.
 #[derive(Debug)]

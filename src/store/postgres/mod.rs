@@ -18,7 +18,7 @@ use sqlx::PgPool;
 
 pub use adopt::AdoptMode;
 pub use connect::{ConnectError, ConnectSettings, connect};
-pub use listen::{CHANNEL, PgFeed};
+pub use listen::PgFeed;
 pub use outbox::PgOutbox;
 
 use crate::{
