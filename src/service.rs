@@ -3,8 +3,13 @@
 //! poll: claim, and if nothing was claimable wait for a notification, a poll
 //! tick, the deadline or shutdown, then claim again.
 //! Here, too, each outcome is counted and each ended lease reported as a span.
+//!
+//! Each call first resolves the outbox it names (see [`Outboxes`]); generic
+//! over the store, PostgreSQL's by default.
 
-use std::{sync::Arc, time::Duration};
+mod outbox;
+
+use std::time::Duration;
 
 use rand::Rng;
 use tokio::time::Instant;
@@ -17,10 +22,11 @@ use crate::{
         Settled, Stats, StatsRequest,
     },
     metrics::ServerMetrics,
-    store::PgStore,
+    store::{OutboxStore, PgOutbox},
     telemetry::{LeaseOutcome, record_lease},
-    wakeup::Wakeup,
 };
+
+pub use outbox::{Outbox, Outboxes};
 
 /// The first re-check after a wake-up that found nothing: about one commit.
 const FIRST_RECHECK: Duration = Duration::from_millis(2);
@@ -29,26 +35,23 @@ const FIRST_RECHECK: Duration = Duration::from_millis(2);
 const LAST_RECHECK: Duration = Duration::from_millis(256);
 
 #[derive(Debug, Clone)]
-pub struct OutboxService {
-    store: PgStore,
-    wakeup: Arc<Wakeup>,
+pub struct OutboxService<S = PgOutbox> {
+    outboxes: Outboxes<S>,
     poll_interval: Duration,
     /// Cancelled when shutdown starts: long polls return their empty batch at once.
     stopping: CancellationToken,
     metrics: ServerMetrics,
 }
 
-impl OutboxService {
+impl<S: OutboxStore> OutboxService<S> {
     pub fn new(
-        store: PgStore,
-        wakeup: Arc<Wakeup>,
+        outboxes: Outboxes<S>,
         poll_interval: Duration,
         stopping: CancellationToken,
         metrics: ServerMetrics,
     ) -> Self {
         Self {
-            store,
-            wakeup,
+            outboxes,
             poll_interval,
             stopping,
             metrics,
@@ -82,8 +85,8 @@ impl OutboxService {
     }
 
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
         let deadline = Instant::now() + req.wait;
-        let outbox = req.outbox.as_str();
         let mut woken = false;
         // After a woken claim found nothing: the insert that woke it may not have
         // committed yet (the sequence moves at insert time), so look again soon,
@@ -93,9 +96,9 @@ impl OutboxService {
             // Join the queue before claiming: an insert committed between an empty
             // claim and the registration would otherwise wait for the next poll.
             let mut registration =
-                (!req.wait.is_zero()).then(|| self.wakeup.register(outbox, req.max_messages));
-            let batch = self.store.claim(req).await?;
-            self.observe_claim(outbox, &batch);
+                (!req.wait.is_zero()).then(|| outbox.waiters.register(req.max_messages));
+            let batch = outbox.store.claim(req).await?;
+            self.observe_claim(outbox.name(), &batch);
             if batch.messages.is_empty() && !batch.dead_lettered.is_empty() {
                 // Every row this claim reached was past max attempts and is now
                 // dead-lettered, which never comes back: look again at once
@@ -106,7 +109,7 @@ impl OutboxService {
                 if woken && batch.messages.len() == req.max_messages as usize {
                     // A full batch suggests more work than the notification said
                     // (counts collapse within a transaction): pass the baton on.
-                    self.wakeup.notify(outbox, 1);
+                    outbox.waiters.notify(1);
                 }
                 return Ok(batch);
             }
@@ -135,8 +138,9 @@ impl OutboxService {
     }
 
     pub async fn ack(&self, req: &AckRequest) -> Result<Settled, Error> {
-        let settled = self.store.ack(req).await?;
-        let outbox = req.outbox.as_str();
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        let settled = outbox.store.ack(req).await?;
+        let outbox = outbox.name();
         self.metrics.acked(outbox, count(&settled, Outcome::Ok));
         self.metrics
             .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
@@ -154,8 +158,9 @@ impl OutboxService {
     }
 
     pub async fn nack(&self, req: &NackRequest) -> Result<Settled, Error> {
-        let settled = self.store.nack(req).await?;
-        let outbox = req.outbox.as_str();
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        let settled = outbox.store.nack(req).await?;
+        let outbox = outbox.name();
         self.metrics.nacked(outbox, count(&settled, Outcome::Ok));
         self.metrics
             .dead_lettered(outbox, count(&settled, Outcome::DeadLettered));
@@ -173,8 +178,9 @@ impl OutboxService {
     }
 
     pub async fn extend(&self, req: &ExtendRequest) -> Result<Settled, Error> {
-        let settled = self.store.extend(req).await?;
-        let outbox = req.outbox.as_str();
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        let settled = outbox.store.extend(req).await?;
+        let outbox = outbox.name();
         self.metrics
             .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
         Ok(settled)
@@ -192,7 +198,8 @@ impl OutboxService {
     }
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<Stats, Error> {
-        Ok(self.store.stats(req.outbox.as_str()).await?)
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        Ok(outbox.store.stats().await?)
     }
 }
 

@@ -18,12 +18,16 @@
 //! A probe can see an insert whose transaction has not committed yet; the woken
 //! claim then comes back empty and re-checks shortly (see `service`).
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{store::PgStore, wakeup::Wakeup};
+use crate::{
+    service::Outbox,
+    store::{Arrivals, OutboxStore, StoreError},
+    wakeup::Waiters,
+};
 
 /// How long one quiet mark lasts; renewed at half-life while busy.
 const MARK: Duration = Duration::from_secs(1);
@@ -44,19 +48,18 @@ pub struct WatchSettings {
 
 /// Watches `outbox` until `cancel`. Database errors drop it back to idle, where
 /// notifications and the claimers' own polling carry on.
-pub async fn watch(
-    store: PgStore,
-    wakeup: Arc<Wakeup>,
-    outbox: String,
+pub async fn watch<S: OutboxStore + Arrivals>(
+    outbox: Outbox<S>,
     settings: WatchSettings,
     cancel: CancellationToken,
 ) {
     if settings.probe_interval.is_zero() {
         return;
     }
-    if !store.has_sequence(&outbox) {
+    let name = outbox.name();
+    if !outbox.store.probeable() {
         tracing::info!(
-            outbox,
+            outbox = name,
             "seq is not an identity column: waking claimers by notification only"
         );
         return;
@@ -66,20 +69,20 @@ pub async fn watch(
     loop {
         let notified = tokio::select! {
             () = cancel.cancelled() => return,
-            () = wakeup.activity(&outbox) => true,
+            () = outbox.waiters.activity() => true,
             () = tokio::time::sleep(settings.poll_interval) => false,
         };
         let busy = Busy {
-            store: &store,
-            wakeup: &wakeup,
-            outbox: &outbox,
+            store: &outbox.store,
+            waiters: &outbox.waiters,
+            outbox: name,
             probe_interval: settings.probe_interval,
         };
         match busy.idle_check(&mut last, notified).await {
             Ok(false) => continue,
             Ok(true) => {}
             Err(err) => {
-                report(&outbox, &err, &mut failing);
+                report(name, &err, &mut failing);
                 continue;
             }
         }
@@ -87,7 +90,7 @@ pub async fn watch(
             Ok(true) => failing = false,
             Ok(false) => return,
             Err(err) => {
-                report(&outbox, &err, &mut failing);
+                report(name, &err, &mut failing);
                 last = None;
             }
         }
@@ -96,28 +99,25 @@ pub async fn watch(
 
 /// Logs the first failure of a run of them: a role that may not write the
 /// mark would otherwise log at every notification.
-fn report(outbox: &str, err: &crate::store::StoreError, failing: &mut bool) {
+fn report(outbox: &str, err: &StoreError, failing: &mut bool) {
     if !std::mem::replace(failing, true) {
         tracing::warn!(outbox, error = %err, "cannot watch the outbox sequence; waking claimers by notification only");
     }
 }
 
-struct Busy<'a> {
-    store: &'a PgStore,
-    wakeup: &'a Wakeup,
+struct Busy<'a, S> {
+    store: &'a S,
+    waiters: &'a Waiters,
+    /// The outbox's name, for logs.
     outbox: &'a str,
     probe_interval: Duration,
 }
 
-impl Busy<'_> {
+impl<S: Arrivals> Busy<'_, S> {
     /// Idle: whether inserts are arriving. A tick that finds the sequence moved
     /// wakes waiters for it (those inserts did not notify).
-    async fn idle_check(
-        &self,
-        last: &mut Option<i64>,
-        notified: bool,
-    ) -> Result<bool, crate::store::StoreError> {
-        let value = self.store.sequence(self.outbox).await?;
+    async fn idle_check(&self, last: &mut Option<i64>, notified: bool) -> Result<bool, StoreError> {
+        let value = self.store.sequence().await?;
         let moved = last.map_or(0, |prev| value.saturating_sub(prev));
         let first = last.is_none();
         *last = Some(value);
@@ -126,7 +126,7 @@ impl Busy<'_> {
             return Ok(false);
         }
         if !notified {
-            self.wakeup.notify(self.outbox, moved.unsigned_abs());
+            self.waiters.notify(moved.unsigned_abs());
         }
         Ok(true)
     }
@@ -137,12 +137,12 @@ impl Busy<'_> {
         &self,
         last: &mut Option<i64>,
         cancel: &CancellationToken,
-    ) -> Result<bool, crate::store::StoreError> {
+    ) -> Result<bool, StoreError> {
         tracing::debug!(
             outbox = self.outbox,
             "inserts arriving: probing the sequence"
         );
-        let start = self.store.sequence(self.outbox).await?;
+        let start = self.store.sequence().await?;
         // `seen` tracks activity; `woken` how far waiters were woken for. A
         // move seen while nobody waited stays owed until someone does, so a
         // row counted before it committed still gets a claimer.
@@ -156,14 +156,14 @@ impl Busy<'_> {
             let quiet = now.duration_since(moved_at) >= IDLE_AFTER;
             let expired = mark_ends.is_none_or(|end| now >= end);
             if !quiet && mark_ends.is_none_or(|end| end.saturating_duration_since(now) < MARK / 2) {
-                self.store.mark_quiet(self.outbox, MARK).await?;
+                self.store.mark_quiet(MARK).await?;
                 mark_ends = Some(Instant::now() + MARK);
             }
             let nap = if quiet && expired {
                 // The last probe: after the mark ran out, so it sees every
                 // insert that skipped NOTIFY under it.
                 Duration::ZERO
-            } else if self.wakeup.waiting(self.outbox) > 0 {
+            } else if self.waiters.waiting() > 0 {
                 self.probe_interval
             } else {
                 UNWATCHED_PROBE.max(self.probe_interval)
@@ -172,17 +172,12 @@ impl Busy<'_> {
                 () = cancel.cancelled() => return Ok(false),
                 () = tokio::time::sleep(nap) => {}
             }
-            let value = self.store.sequence(self.outbox).await?;
+            let value = self.store.sequence().await?;
             if value > seen {
                 seen = value;
                 moved_at = Instant::now();
             }
-            if seen > woken
-                && self
-                    .wakeup
-                    .notify(self.outbox, (seen - woken).unsigned_abs())
-                    > 0
-            {
+            if seen > woken && self.waiters.notify((seen - woken).unsigned_abs()) > 0 {
                 woken = seen;
             }
             *last = Some(seen);

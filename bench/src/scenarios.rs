@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS, WAL).
-const CLAIM_SQL: &str = include_str!("../../src/store/queries/claim.sql");
+const CLAIM_SQL: &str = include_str!("../../src/store/postgres/queries/claim.sql");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Design {

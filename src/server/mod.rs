@@ -8,10 +8,9 @@ pub use start::{
     DDL_LOCK_TIMEOUT, EXIT_DATABASE, MIGRATE_START_TIMEOUT, MIGRATOR, StartError, migrate,
 };
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use sqlx::postgres::PgListener;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -24,10 +23,10 @@ use crate::{
         pb::{self, outbox_service_server::OutboxServiceServer},
     },
     metrics::{self, Metrics, ServerMetrics},
-    service::OutboxService,
-    store::{self, AdoptMode, PgStore},
+    service::{OutboxService, Outboxes},
+    store::{self, AdoptMode, PgFeed, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
-    wakeup::{self, Wakeup},
+    wakeup,
     watch::{self, WatchSettings},
 };
 
@@ -38,7 +37,7 @@ pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>:
 pub struct Server {
     config: Config,
     store: PgStore,
-    notifications: PgListener,
+    notifications: PgFeed,
     listener: TcpListener,
     metrics_listener: TcpListener,
 }
@@ -76,7 +75,8 @@ impl Server {
             () = cancel.cancelled() => return Err(StartError::Interrupted),
         }
         .with_statement_timeout(db.statement_timeout);
-        let notifications = wakeup::connect(&store)
+        let notifications = store
+            .listen()
             .await
             .context("listening for outbox notifications")?;
         Ok(Self {
@@ -106,7 +106,7 @@ impl Server {
             metrics_listener,
         } = self;
         let addr = listener.local_addr()?;
-        let wakeup = Wakeup::new(store.specs().map(|s| s.name.clone()));
+        let outboxes = Outboxes::new(store.outboxes());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(SERVICE_NAME, ServingStatus::Serving)
@@ -132,27 +132,16 @@ impl Server {
         );
         tasks.spawn(
             "notification listener",
-            wakeup::listen(
-                store.clone(),
-                Arc::clone(&wakeup),
-                notifications,
-                stop.clone(),
-            ),
+            wakeup::listen(notifications, outboxes.wakeup(), stop.clone()),
         );
-        for outbox in store.specs().map(|s| s.name.clone()) {
+        for outbox in outboxes.iter().cloned() {
             let settings = WatchSettings {
                 probe_interval: config.probe_interval,
                 poll_interval: config.poll_interval,
             };
             tasks.spawn(
-                format!("sequence watcher {outbox}"),
-                watch::watch(
-                    store.clone(),
-                    Arc::clone(&wakeup),
-                    outbox,
-                    settings,
-                    stop.clone(),
-                ),
+                format!("sequence watcher {}", outbox.name()),
+                watch::watch(outbox, settings, stop.clone()),
             );
         }
         // Stops at shutdown, before the rest, so nothing sets SERVING again
@@ -178,8 +167,7 @@ impl Server {
         );
 
         let service = OutboxService::new(
-            store.clone(),
-            wakeup,
+            outboxes,
             config.poll_interval,
             shutdown.clone(),
             server_metrics.clone(),

@@ -1,14 +1,111 @@
-//! The only place with SQL. Each configured outbox gets its statements built once,
-//! at start, with its table name quoted; every RPC is then one autocommit
-//! statement, so no transaction is ever held across a network call.
+//! The storage seam. The service and the background tasks see an outbox's
+//! storage only through these traits; PostgreSQL ([`postgres`]: sqlx, the
+//! pool, LISTEN/NOTIFY, sequence probes, quiet marks) is one implementation,
+//! and a second one (a lease table that writes less, an embedded backend)
+//! passes the same conformance suite (`tests/api/store_conformance.rs`).
+//!
+//! Each outbox is a handle, resolved from its name once: no statement looks
+//! the name up again. Every call is one short unit of work, so no transaction
+//! is ever held across a network call.
 
-mod adopt;
-mod connect;
 mod error;
-mod postgres;
-mod statements;
+pub mod postgres;
 
-pub use adopt::AdoptMode;
-pub use connect::{ConnectError, ConnectSettings, connect};
+use std::{future::Future, time::Duration};
+
 pub use error::StoreError;
-pub use postgres::PgStore;
+pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgFeed, PgOutbox, PgStore, connect};
+
+use crate::{
+    lease::{AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, NackRequest, Settled, Stats},
+    outbox::{OutboxSpec, TableRef},
+};
+
+/// A storage backend: the outboxes it serves, its health, and the feed that
+/// announces new rows.
+pub trait Store: Clone + Send + Sync + 'static {
+    type Outbox: OutboxStore + Arrivals;
+    type Feed: ArrivalFeed;
+
+    /// One handle per configured outbox, in configuration order.
+    fn outboxes(&self) -> Vec<Self::Outbox>;
+
+    /// Answers when the backend does: the health check.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Starts the arrivals feed. Called before serving, so that no claim can
+    /// wait before announcements are being received.
+    fn listen(&self) -> impl Future<Output = Result<Self::Feed, StoreError>> + Send;
+}
+
+/// One outbox's rows: the lease operations, bound to the outbox's table and
+/// policy. A request's `outbox` name was resolved to this handle already.
+pub trait OutboxStore: Clone + Send + Sync + 'static {
+    /// The outbox this handle serves: name, table, policy.
+    fn spec(&self) -> &OutboxSpec;
+
+    /// Leases up to `max_messages` claimable rows under a fresh lease, in
+    /// sequence order; rows past max attempts are dead-lettered on the way.
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimedBatch, StoreError>> + Send;
+
+    /// Marks rows published iff they still carry the lease.
+    fn ack(&self, req: &AckRequest) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
+    /// Releases rows for a retry after a delay, or dead-letters them.
+    fn nack(&self, req: &NackRequest) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
+    /// Moves the expiry of rows still under the lease.
+    fn extend(
+        &self,
+        req: &ExtendRequest,
+    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
+    /// GetStats' counts and ages.
+    fn stats(&self) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+
+    /// `stats` without counting retained history, for the metrics sampler,
+    /// which may read every pending row and so is no RPC's statement.
+    fn gauges(&self) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+
+    /// Deletes up to `limit` published rows older than the retention; returns
+    /// how many went, so the caller goes on while batches come back full.
+    fn purge_published(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// How an outbox's new rows are noticed between announcements: while inserts
+/// keep arriving, announcing each would cost producers more than probing costs
+/// outboxd (see `watch`).
+pub trait Arrivals: Send + Sync + 'static {
+    /// Whether [`Arrivals::sequence`] sees inserts; if not, only the feed wakes
+    /// claimers.
+    fn probeable(&self) -> bool;
+
+    /// A position that moves with every insert, taken at insert time: it may
+    /// count rows whose transaction has not committed yet.
+    fn sequence(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// Asks producers not to announce inserts for `period`, while this server
+    /// probes instead. A mark that is not renewed runs out by itself.
+    fn mark_quiet(&self, period: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What the arrivals feed reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arrival {
+    /// An insert of `rows` rows into `table` committed.
+    Inserted { table: TableRef, rows: u64 },
+    /// Announcements may have been lost (the feed reconnected): every waiter
+    /// should look once.
+    Lost,
+}
+
+/// Announcements of committed inserts, in commit order; never of a rollback.
+/// Not durable: callers also poll.
+pub trait ArrivalFeed: Send + 'static {
+    /// The next announcement. The feed reconnects by itself and reports
+    /// [`Arrival::Lost`] when it did.
+    fn next(&mut self) -> impl Future<Output = Arrival> + Send;
+}

@@ -6,24 +6,28 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{metrics::ServerMetrics, store::PgStore};
+use crate::{
+    metrics::ServerMetrics,
+    store::{OutboxStore as _, Store},
+};
 
 /// Samples each outbox's gauges: one query per outbox per interval, whatever
 /// the scrape rate, using the pending-rows index.
 pub async fn sample_gauges(
-    store: PgStore,
+    store: impl Store,
     metrics: ServerMetrics,
     every: Duration,
     cancel: CancellationToken,
 ) {
-    let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
+    let outboxes = store.outboxes();
     let mut failing = false;
     let mut stretched = false;
     let mut pacing = GaugePacing::default();
     loop {
         let began = Instant::now();
-        for name in &names {
-            match store.gauges(name).await {
+        for outbox in &outboxes {
+            let name = &outbox.spec().name;
+            match outbox.gauges().await {
                 Ok(stats) => {
                     metrics.set_gauges(name, stats);
                     failing = false;

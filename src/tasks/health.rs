@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{server::SERVICE_NAME, store::PgStore};
+use crate::{server::SERVICE_NAME, store::Store};
 
 /// Sets both the overall status and outboxd's own service.
 pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
@@ -16,7 +16,7 @@ pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
 /// SERVING only while the database answers; stops at shutdown so nothing flips
 /// the status back while draining.
 pub async fn check_health(
-    store: PgStore,
+    store: impl Store,
     health: HealthReporter,
     every: Duration,
     shutdown: CancellationToken,

@@ -5,24 +5,25 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::PgStore;
+use crate::store::{OutboxStore as _, Store};
 
 /// Deletes published rows past each outbox's retention, in short batches.
-pub async fn retention(store: PgStore, every: Duration, batch: u32, cancel: CancellationToken) {
-    let names: Vec<String> = store.specs().map(|s| s.name.clone()).collect();
+pub async fn retention(store: impl Store, every: Duration, batch: u32, cancel: CancellationToken) {
+    let outboxes = store.outboxes();
     let mut failing = false;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        for name in &names {
+        for outbox in &outboxes {
+            let name = &outbox.spec().name;
             let mut deleted = 0u64;
             loop {
                 if cancel.is_cancelled() {
                     return;
                 }
-                match store.purge_published(name, i64::from(batch)).await {
+                match outbox.purge_published(batch).await {
                     Ok(n) => {
                         deleted += n;
                         if failing {

@@ -22,5 +22,6 @@ mod retention;
 mod shutdown;
 mod startup;
 mod stats;
+mod store_conformance;
 mod timeouts;
 mod validation;

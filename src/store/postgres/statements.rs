@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::strip_comments;
 use crate::outbox::TableRef;
 
 const CLAIM: &str = include_str!("queries/claim.sql");
@@ -72,15 +73,6 @@ impl Statements {
             purge: build(PURGE),
         }
     }
-}
-
-/// Drops `--` comment lines, so the statements in `pg_stat_statements` and in
-/// logs are the SQL alone.
-fn strip_comments(sql: &str) -> String {
-    sql.lines()
-        .filter(|line| !line.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[cfg(test)]

@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Row};
 
-use super::StoreError;
-use crate::outbox::TableRef;
+use super::schema::{
+    self, OBSOLETE_INDEXES, PRODUCER_TYPES, TRIGGER_NAME, add_columns, create_table,
+    create_trigger, drop_index, service_columns,
+};
+use crate::{outbox::TableRef, store::StoreError};
 
 /// Whether start-up may change a table or only check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,68 +20,6 @@ pub enum AdoptMode {
     /// Check only (`--no-migrate`: a migration Job owns DDL); a gap is an error.
     Verify,
 }
-
-/// Columns outboxd owns, with the definition used when a table lacks them.
-const SERVICE_COLUMNS: &[(&str, &str)] = &[
-    ("headers", "jsonb NOT NULL DEFAULT '{}'"),
-    ("seq", "bigint GENERATED ALWAYS AS IDENTITY"),
-    ("published_at", "timestamptz"),
-    ("attempts", "integer NOT NULL DEFAULT 0"),
-    ("available_at", "timestamptz NOT NULL DEFAULT now()"),
-    ("locked_until", "timestamptz"),
-    ("lease_id", "uuid"),
-    ("claimed_by", "text"),
-    ("claimed_at", "timestamptz"),
-    ("last_error", "text"),
-    ("dead_lettered_at", "timestamptz"),
-];
-
-/// Producer columns and the types outboxd can read them as (ids are read as text).
-const PRODUCER_COLUMNS: &[(&str, &[&str])] = &[
-    ("id", &["uuid"]),
-    ("aggregate_id", &["text", "uuid", "character varying"]),
-    ("event_type", &["text", "character varying"]),
-    ("payload", &["jsonb", "json"]),
-    ("created_at", &["timestamp with time zone"]),
-];
-
-/// Index suffix and definition, `{table}` standing for the quoted table.
-///
-/// Pending rows are split by lease so that a claim never walks past rows it
-/// cannot take: fresh and released rows in delivery order, leased rows by
-/// expiry (a claim reads only the expired ones). One pending index in seq order
-/// made every claim heap-fetch every lease in flight ahead of the first free row.
-/// Each event still costs the same index writes: a row moves from the first to
-/// the second when claimed and leaves both when settled.
-const INDEXES: &[(&str, &str)] = &[
-    (
-        "unleased_idx",
-        "(seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL",
-    ),
-    (
-        "leased_idx",
-        "(locked_until) WHERE published_at IS NULL AND dead_lettered_at IS NULL \
-         AND locked_until IS NOT NULL",
-    ),
-    (
-        "lease_idx",
-        "(lease_id) WHERE lease_id IS NOT NULL AND published_at IS NULL",
-    ),
-    (
-        "published_idx",
-        "(published_at) WHERE published_at IS NOT NULL",
-    ),
-    (
-        "dead_letter_idx",
-        "(dead_lettered_at) WHERE dead_lettered_at IS NOT NULL",
-    ),
-];
-
-/// Indexes earlier versions created and nothing reads any more: dropped once
-/// their replacements are valid, so producers stop paying for their upkeep.
-const OBSOLETE_INDEXES: &[&str] = &["pending_idx"];
-
-const TRIGGER: &str = "outboxd_notify";
 
 /// Serialises adoption across replicas starting at once (any constant works;
 /// this one spells "outboxd" in ASCII).
@@ -153,14 +94,7 @@ async fn adopt_locked(
             return Err(missing_gap("does not exist".into()));
         }
         tracing::info!(%table, "creating outbox table");
-        let ddl = format!(
-            "CREATE TABLE IF NOT EXISTS {quoted} (\
-                id uuid PRIMARY KEY, aggregate_id text NOT NULL, event_type text NOT NULL, \
-                payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&mut *conn)
-            .await?;
+        run(conn, create_table(table)).await?;
     }
 
     let columns: Vec<(String, String)> = sqlx::query(
@@ -180,7 +114,7 @@ async fn adopt_locked(
             .map(|(_, t)| t.as_str())
     };
 
-    for (name, allowed) in PRODUCER_COLUMNS {
+    for (name, allowed) in PRODUCER_TYPES {
         match type_of(name) {
             None => {
                 return Err(StoreError::Schema(format!(
@@ -196,33 +130,27 @@ async fn adopt_locked(
         }
     }
 
-    let missing: Vec<_> = SERVICE_COLUMNS
+    let missing: Vec<_> = service_columns()
         .iter()
-        .filter(|(name, _)| type_of(name).is_none())
+        .filter(|column| type_of(&column.name).is_none())
         .collect();
     if !missing.is_empty() {
-        let names: Vec<_> = missing.iter().map(|(n, _)| *n).collect();
+        let names: Vec<_> = missing.iter().map(|c| c.name.as_str()).collect();
         if mode == AdoptMode::Verify {
             return Err(missing_gap(format!("lacks columns {names:?}")));
         }
         tracing::info!(%table, columns = ?names, "adopting table: adding columns");
-        let adds: Vec<String> = missing
-            .iter()
-            .map(|(name, def)| format!("ADD COLUMN IF NOT EXISTS {name} {def}"))
-            .collect();
         // Adding `seq` rewrites the table under an exclusive lock; a bounded lock
         // wait fails this start-up instead of queueing every producer behind it.
         let ddl = format!(
-            "BEGIN; SET LOCAL lock_timeout = '10s'; ALTER TABLE {quoted} {}; COMMIT;",
-            adds.join(", ")
+            "BEGIN; SET LOCAL lock_timeout = '10s'; {}; COMMIT;",
+            add_columns(table, &missing)
         );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&mut *conn)
-            .await?;
+        run(conn, ddl).await?;
     }
 
-    for (suffix, definition) in INDEXES {
-        let name = table.object_name(suffix);
+    for index in schema::indexes() {
+        let name = index.name(table);
         let valid = index_valid(conn, &quoted, &name).await?;
         if valid == Some(true) {
             continue;
@@ -230,21 +158,12 @@ async fn adopt_locked(
         if mode == AdoptMode::Verify {
             return Err(missing_gap(format!("lacks index {name}")));
         }
-        let schema = table.schema();
         if valid == Some(false) {
             // Left behind by an interrupted CREATE INDEX CONCURRENTLY.
-            let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{schema}\".\"{name}\"");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-                .execute(&mut *conn)
-                .await?;
+            run(conn, drop_index(table, &name)).await?;
         }
         tracing::info!(%table, index = %name, "adopting table: creating index");
-        // CONCURRENTLY: producers keep inserting while a large table is indexed.
-        let ddl =
-            format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{name}\" ON {quoted} {definition}");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&mut *conn)
-            .await?;
+        run(conn, index.create(table)).await?;
     }
 
     if mode == AdoptMode::Create {
@@ -263,13 +182,7 @@ async fn adopt_locked(
                 } else {
                     tracing::info!(%table, index = %name, "upgrading the index layout: dropping the index it replaces");
                 }
-                let drop = format!(
-                    "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
-                    table.schema()
-                );
-                sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-                    .execute(&mut *conn)
-                    .await?;
+                run(conn, drop_index(table, &name)).await?;
             }
         }
     }
@@ -288,23 +201,24 @@ async fn adopt_locked(
         "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)",
     )
     .bind(&quoted)
-    .bind(TRIGGER)
+    .bind(TRIGGER_NAME)
     .fetch_one(&mut *conn)
     .await?;
     if !has_trigger {
         if mode == AdoptMode::Verify {
-            return Err(missing_gap(format!("lacks trigger {TRIGGER}")));
+            return Err(missing_gap(format!("lacks trigger {TRIGGER_NAME}")));
         }
         tracing::info!(%table, "adopting table: creating notify trigger");
-        let ddl = format!(
-            "CREATE OR REPLACE TRIGGER {TRIGGER} AFTER INSERT ON {quoted} \
-             REFERENCING NEW TABLE AS outboxd_new_rows \
-             FOR EACH STATEMENT EXECUTE FUNCTION outboxd_notify()"
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-            .execute(&mut *conn)
-            .await?;
+        run(conn, create_trigger(table)).await?;
     }
+    Ok(())
+}
+
+/// Runs DDL built from the schema files (the table name is a quoted identifier).
+async fn run(conn: &mut PgConnection, ddl: String) -> Result<(), StoreError> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 

@@ -1,0 +1,311 @@
+//! `PgOutbox`: one outbox's statements, run on the shared pool.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use sqlx::{AssertSqlSafe, PgPool, Row, postgres::types::Oid};
+use uuid::Uuid;
+
+use super::{
+    rows::{claimed_batch, settle_results, stats_of},
+    session::Session,
+    statements::Statements,
+};
+use crate::{
+    lease::{
+        AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, LeaseId, MessageId, NackRequest,
+        Settle, Settled, Stats,
+    },
+    outbox::OutboxSpec,
+    store::{Arrivals, OutboxStore, StoreError},
+};
+
+const WATCH: &str = include_str!("queries/watch.sql");
+const PROBE: &str = include_str!("queries/probe.sql");
+const MARK_QUIET: &str = include_str!("queries/mark_quiet.sql");
+
+/// What is fixed for an outbox once its table was checked.
+#[derive(Debug)]
+struct Prepared {
+    spec: OutboxSpec,
+    sql: Statements,
+    /// The table's oid: the key of its quiet mark.
+    relid: Oid,
+    /// The sequence behind the table's seq column, when it can be probed.
+    sequence: Option<Oid>,
+}
+
+/// One PostgreSQL outbox. Cheap to clone; all clones share one pool.
+#[derive(Debug, Clone)]
+pub struct PgOutbox {
+    prepared: Arc<Prepared>,
+    session: Session,
+}
+
+impl PgOutbox {
+    /// Builds the outbox's statements and resolves its table's ids. The table
+    /// must have been adopted or verified.
+    pub(super) async fn prepare(pool: &PgPool, spec: &OutboxSpec) -> Result<Self, StoreError> {
+        let sql = Statements::new(&spec.table, spec.policy.retention.is_zero());
+        let ids = sqlx::query(WATCH)
+            .bind(spec.table.quoted())
+            .fetch_one(pool)
+            .await?;
+        Ok(Self {
+            prepared: Arc::new(Prepared {
+                spec: spec.clone(),
+                sql,
+                relid: ids.try_get("relid")?,
+                sequence: ids.try_get("sequence")?,
+            }),
+            session: Session::new(pool.clone()),
+        })
+    }
+
+    pub(super) fn set_statement_timeout(&mut self, statement_timeout: Duration) {
+        self.session.set_statement_timeout(statement_timeout);
+    }
+
+    fn sql(&self) -> &Statements {
+        &self.prepared.sql
+    }
+
+    /// Runs one settle statement (`$1` lease, `$2` ids, then `more`'s binds).
+    async fn settle(
+        &self,
+        sql: &Arc<str>,
+        lease_id: LeaseId,
+        ids: Vec<Uuid>,
+        more: impl FnOnce(SettleQuery) -> SettleQuery,
+    ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(lease_id.as_uuid())
+            .bind(ids);
+        let rows = self
+            .session
+            .bounded(more(query).fetch_all(&mut *conn))
+            .await?;
+        conn.finish();
+        Ok(rows)
+    }
+
+    /// Runs a statement that returns one row of stats.
+    async fn stats_row(&self, sql: &Arc<str>) -> Result<Stats, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let row = self
+            .session
+            .bounded(sqlx::query(AssertSqlSafe(sql.clone())).fetch_one(&mut *conn))
+            .await?;
+        conn.finish();
+        stats_of(&row)
+    }
+
+    fn max_attempts(&self) -> i32 {
+        i32::try_from(self.prepared.spec.policy.max_attempts).unwrap_or(i32::MAX)
+    }
+}
+
+type SettleQuery = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+impl OutboxStore for PgOutbox {
+    fn spec(&self) -> &OutboxSpec {
+        &self.prepared.spec
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        let lease_id = LeaseId::generate();
+        let mut conn = self.session.conn().await?;
+        let rows = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
+                    .bind(i64::from(req.max_messages))
+                    .bind(lease_id.as_uuid())
+                    .bind(req.lease)
+                    .bind(req.worker_id.as_str())
+                    .bind(self.max_attempts())
+                    .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
+                    .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        claimed_batch(lease_id, rows)
+    }
+
+    /// Settles the rows still held in one statement; only ids it did not
+    /// settle (lease lost, already settled, unknown) cost a second statement,
+    /// which locks and classifies them.
+    async fn ack(&self, req: &AckRequest) -> Result<Settled, StoreError> {
+        let lease = req.lease_id.as_uuid();
+        let ids = uuids(&req.message_ids);
+        let mut conn = self.session.conn().await?;
+        let mut rows = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().ack_held.clone()))
+                    .bind(lease)
+                    .bind(&ids)
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        let settled = rows
+            .iter()
+            .map(|row| row.try_get::<Uuid, _>("id"))
+            .collect::<Result<HashSet<_>, _>>()?;
+        let mut rest: Vec<Uuid> = ids.into_iter().filter(|id| !settled.contains(id)).collect();
+        rest.sort_unstable();
+        rest.dedup();
+        if !rest.is_empty() {
+            rows.extend(
+                self.session
+                    .bounded(
+                        sqlx::query(AssertSqlSafe(self.sql().ack.clone()))
+                            .bind(lease)
+                            .bind(rest)
+                            .fetch_all(&mut *conn),
+                    )
+                    .await?,
+            );
+        }
+        conn.finish();
+        settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
+    }
+
+    async fn nack(&self, req: &NackRequest) -> Result<Settled, StoreError> {
+        let policy = &self.prepared.spec.policy;
+        let schedule = policy
+            .backoff
+            .schedule(policy.max_attempts, &mut rand::rng());
+        let max_attempts = self.max_attempts();
+        let rows = self
+            .settle(
+                &self.sql().nack,
+                req.lease_id,
+                uuids(&req.message_ids),
+                |query| {
+                    query
+                        .bind(&req.error)
+                        .bind(req.retry_after.map(|d| d.as_secs_f64()))
+                        .bind(schedule)
+                        .bind(req.dead_letter)
+                        .bind(max_attempts)
+                },
+            )
+            .await?;
+        settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
+    }
+
+    async fn extend(&self, req: &ExtendRequest) -> Result<Settled, StoreError> {
+        let sql = if req.message_ids.is_empty() {
+            &self.sql().extend_all
+        } else {
+            &self.sql().extend
+        };
+        let rows = self
+            .settle(sql, req.lease_id, uuids(&req.message_ids), |query| {
+                query.bind(req.lease)
+            })
+            .await?;
+        let mut settled = if req.message_ids.is_empty() {
+            let held: Vec<MessageId> = rows
+                .iter()
+                .map(|r| r.try_get::<Uuid, _>("id").map(MessageId::from))
+                .collect::<Result<_, _>>()?;
+            settle_results(Settle::Extend, req.lease_id, &held, &rows)?
+        } else {
+            settle_results(Settle::Extend, req.lease_id, &req.message_ids, &rows)?
+        };
+        // Extending ends no lease.
+        settled.ended.clear();
+        // An expiry only when something was extended: a lost lease has none.
+        let mut expires_at = None;
+        for row in &rows {
+            if row.try_get::<bool, _>("applied")? {
+                expires_at = row.try_get("expires_at")?;
+                break;
+            }
+        }
+        settled.expires_at = expires_at;
+        Ok(settled)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.stats_row(&self.sql().stats).await
+    }
+
+    async fn gauges(&self) -> Result<Stats, StoreError> {
+        let mut conn = self.session.conn().await?;
+        // A sample reads every pending row: under a backlog of millions it
+        // outlasts an RPC's statement timeout, and it is no RPC.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query("SET LOCAL statement_timeout = '60s'")
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query(AssertSqlSafe(self.sql().gauges.clone()))
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        conn.finish();
+        stats_of(&row)
+    }
+
+    async fn purge_published(&self, limit: u32) -> Result<u64, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let done = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().purge.clone()))
+                    .bind(self.prepared.spec.policy.retention)
+                    .bind(i64::from(limit))
+                    .execute(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        Ok(done.rows_affected())
+    }
+}
+
+impl Arrivals for PgOutbox {
+    fn probeable(&self) -> bool {
+        self.prepared.sequence.is_some()
+    }
+
+    /// The last value of the table's seq sequence; 0 for a table without a
+    /// probeable one.
+    async fn sequence(&self) -> Result<i64, StoreError> {
+        let Some(sequence) = self.prepared.sequence else {
+            return Ok(0);
+        };
+        let mut conn = self.session.conn().await?;
+        let value = self
+            .session
+            .bounded(
+                sqlx::query_scalar(PROBE)
+                    .bind(sequence)
+                    .fetch_one(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        Ok(value)
+    }
+
+    /// Writes the quiet mark the table's trigger reads before it notifies.
+    async fn mark_quiet(&self, period: Duration) -> Result<(), StoreError> {
+        let mut conn = self.session.conn().await?;
+        self.session
+            .bounded(
+                sqlx::query(MARK_QUIET)
+                    .bind(self.prepared.relid)
+                    .bind(period.as_secs_f64())
+                    .execute(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        Ok(())
+    }
+}
+
+fn uuids(ids: &[MessageId]) -> Vec<Uuid> {
+    ids.iter().map(MessageId::as_uuid).collect()
+}

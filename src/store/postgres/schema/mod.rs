@@ -1,0 +1,222 @@
+//! An outbox table's DDL, in one place: the SQL files beside this module.
+//! `{table}` stands for the quoted table, `{<suffix>}` for the name of one of
+//! its indexes (see [`TableRef::object_name`]).
+//!
+//! Adoption (`adopt.rs`) runs them to create a missing table, to add what an
+//! existing table lacks, and, with `--no-migrate`, reads the names it checks
+//! from them: the three cannot drift apart.
+//!
+//! The files under `migrations/` are frozen history and stay byte-identical:
+//! sqlx refuses to start when a migration it applied has changed (checksums),
+//! and a release rolled back to refuses a database that ran a migration it does
+//! not know. So the first migration still creates the default table with the
+//! index of its day, and adoption, which runs after the migrations at every
+//! start, brings that table to this schema (and drops [`OBSOLETE_INDEXES`]).
+//! A change to an outbox table goes here, idempotent and under names an older
+//! release also keeps; only what is shared by all tables (the trigger
+//! function, the quiet marks) needs a migration.
+
+use std::sync::LazyLock;
+
+use super::one_line;
+use crate::outbox::TableRef;
+
+const TABLE: &str = include_str!("table.sql");
+const COLUMNS: &str = include_str!("columns.sql");
+const INDEXES: &str = include_str!("indexes.sql");
+const TRIGGER: &str = include_str!("trigger.sql");
+
+/// The wake-up trigger `trigger.sql` creates on every outbox table.
+pub(super) const TRIGGER_NAME: &str = "outboxd_notify";
+
+/// Producer columns and the types outboxd can read them as: those of
+/// `table.sql` first, then those of the classic shape (ids are read as text).
+pub(super) const PRODUCER_TYPES: &[(&str, &[&str])] = &[
+    ("id", &["uuid"]),
+    ("aggregate_id", &["text", "uuid", "character varying"]),
+    ("event_type", &["text", "character varying"]),
+    ("payload", &["jsonb", "json"]),
+    ("created_at", &["timestamp with time zone"]),
+];
+
+/// Index suffixes earlier versions created and nothing reads any more (the
+/// first migration's `pending_idx`): dropped once their replacements are
+/// valid, so producers stop paying for their upkeep. Names stay listed for as
+/// long as a database may still hold them.
+pub(super) const OBSOLETE_INDEXES: &[&str] = &["pending_idx"];
+
+/// A column outboxd owns, with its definition from `columns.sql`.
+#[derive(Debug)]
+pub(super) struct Column {
+    pub name: String,
+    definition: String,
+}
+
+/// One index of `indexes.sql`.
+#[derive(Debug)]
+pub(super) struct Index {
+    suffix: String,
+    /// The statement, its placeholders still in.
+    create: String,
+}
+
+impl Index {
+    /// The index's name on `table`.
+    pub fn name(&self, table: &TableRef) -> String {
+        table.object_name(&self.suffix)
+    }
+
+    /// `CREATE INDEX CONCURRENTLY IF NOT EXISTS` for `table`.
+    pub fn create(&self, table: &TableRef) -> String {
+        fill(&self.create, table).replace(
+            &format!("{{{}}}", self.suffix),
+            &format!("\"{}\"", self.name(table)),
+        )
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` with the producers' columns.
+pub(super) fn create_table(table: &TableRef) -> String {
+    fill(&one_line(TABLE), table)
+}
+
+/// The columns outboxd owns, in the order `columns.sql` adds them.
+pub(super) fn service_columns() -> &'static [Column] {
+    static COLUMNS_PARSED: LazyLock<Vec<Column>> = LazyLock::new(|| {
+        COLUMNS
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("ADD COLUMN IF NOT EXISTS "))
+            .map(|column| {
+                let column = one_line(column.trim_end_matches(','));
+                let (name, definition) = column.split_once(' ').unwrap_or((&column, ""));
+                Column {
+                    name: name.to_owned(),
+                    definition: definition.to_owned(),
+                }
+            })
+            .collect()
+    });
+    &COLUMNS_PARSED
+}
+
+/// One `ALTER TABLE` adding `columns` as `columns.sql` defines them.
+pub(super) fn add_columns(table: &TableRef, columns: &[&Column]) -> String {
+    let adds: Vec<String> = columns
+        .iter()
+        .map(|c| format!("ADD COLUMN IF NOT EXISTS {} {}", c.name, c.definition))
+        .collect();
+    format!("ALTER TABLE {} {}", table.quoted(), adds.join(", "))
+}
+
+/// The index set, in the order adoption builds it.
+pub(super) fn indexes() -> &'static [Index] {
+    static INDEXES_PARSED: LazyLock<Vec<Index>> = LazyLock::new(|| {
+        one_line(INDEXES)
+            .split(';')
+            .map(str::trim)
+            .filter(|statement| !statement.is_empty())
+            .map(|statement| {
+                let named = statement
+                    .strip_prefix("CREATE INDEX CONCURRENTLY IF NOT EXISTS {")
+                    .and_then(|rest| rest.split_once('}'));
+                let Some((suffix, _)) = named else {
+                    panic!("indexes.sql: not an index of the form adoption builds: {statement}")
+                };
+                Index {
+                    suffix: suffix.to_owned(),
+                    create: statement.to_owned(),
+                }
+            })
+            .collect()
+    });
+    &INDEXES_PARSED
+}
+
+/// Drops an index of `table` (an obsolete one, or one an interrupted
+/// `CREATE INDEX CONCURRENTLY` left invalid) without blocking producers.
+pub(super) fn drop_index(table: &TableRef, name: &str) -> String {
+    format!(
+        "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
+        table.schema()
+    )
+}
+
+/// `CREATE OR REPLACE TRIGGER` of the wake-up trigger on `table`.
+pub(super) fn create_trigger(table: &TableRef) -> String {
+    fill(&one_line(TRIGGER), table)
+}
+
+fn fill(sql: &str, table: &TableRef) -> String {
+    sql.replace("{table}", &table.quoted())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> TableRef {
+        TableRef::new("sales", "outbox").expect("valid")
+    }
+
+    #[test]
+    fn the_service_columns_are_read_from_their_file() {
+        let columns: Vec<(&str, &str)> = service_columns()
+            .iter()
+            .map(|c| (c.name.as_str(), c.definition.as_str()))
+            .collect();
+        assert_eq!(columns.len(), 11, "{columns:?}");
+        assert_eq!(columns[0], ("headers", "jsonb NOT NULL DEFAULT '{}'"));
+        assert_eq!(columns[1], ("seq", "bigint GENERATED ALWAYS AS IDENTITY"));
+        assert_eq!(columns[10], ("dead_lettered_at", "timestamptz"));
+        let some: Vec<&Column> = service_columns().iter().skip(9).collect();
+        assert_eq!(
+            add_columns(&table(), &some),
+            "ALTER TABLE \"sales\".\"outbox\" ADD COLUMN IF NOT EXISTS last_error text, \
+             ADD COLUMN IF NOT EXISTS dead_lettered_at timestamptz"
+        );
+    }
+
+    #[test]
+    fn every_index_is_named_and_filled_in() {
+        let names: Vec<String> = indexes().iter().map(|i| i.name(&table())).collect();
+        assert_eq!(
+            names,
+            [
+                "outbox_unleased_idx",
+                "outbox_leased_idx",
+                "outbox_lease_idx",
+                "outbox_published_idx",
+                "outbox_dead_letter_idx"
+            ]
+        );
+        assert_eq!(
+            indexes()[0].create(&table()),
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_unleased_idx\" ON \"sales\".\"outbox\" \
+             (seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL"
+        );
+        for index in indexes() {
+            assert!(!index.create(&table()).contains('{'), "{index:?}");
+        }
+    }
+
+    #[test]
+    fn table_and_trigger_are_filled_in_and_agree_with_the_checks() {
+        let create = create_table(&table());
+        assert!(create.starts_with("CREATE TABLE IF NOT EXISTS \"sales\".\"outbox\" ("));
+        for (column, types) in PRODUCER_TYPES {
+            assert!(
+                create.contains(&format!("{column} ")),
+                "table.sql lacks {column}"
+            );
+            assert!(!types.is_empty());
+        }
+        let trigger = create_trigger(&table());
+        assert!(
+            trigger.starts_with(&format!(
+                "CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT ON \"sales\".\"outbox\" "
+            )),
+            "{trigger}"
+        );
+        assert!(!create.contains('{') && !trigger.contains('{'));
+    }
+}

@@ -1,0 +1,114 @@
+//! How one call reaches the database: a pooled connection of its own, each
+//! statement bounded in time, the connection closed rather than pooled when
+//! the call did not finish.
+
+use std::{future::Future, time::Duration};
+
+use sqlx::{PgConnection, PgPool, Postgres, pool::PoolConnection};
+
+use crate::store::StoreError;
+
+/// Time for PostgreSQL's own statement-timeout error to arrive before
+/// outboxd stops waiting for it.
+const STATEMENT_GRACE: Duration = Duration::from_secs(1);
+
+/// The pool and how long a statement may go unanswered (see `bounded`).
+#[derive(Debug, Clone)]
+pub(super) struct Session {
+    pub pool: PgPool,
+    deadline: Duration,
+}
+
+impl Session {
+    /// Bounded by the default `--statement-timeout` until told otherwise.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            deadline: Duration::from_secs(5) + STATEMENT_GRACE,
+        }
+    }
+
+    /// Bounds every statement at `statement_timeout` plus a grace for the
+    /// database's own timeout error to arrive.
+    pub fn set_statement_timeout(&mut self, statement_timeout: Duration) {
+        self.deadline = statement_timeout + STATEMENT_GRACE;
+    }
+
+    /// A statement that has not answered within `--statement-timeout` and a
+    /// grace is abandoned: PostgreSQL ends a slow one itself at the timeout,
+    /// so this catches a link that stalled, where its answer cannot arrive.
+    /// The caller's `StatementConn` then closes the connection.
+    pub async fn bounded<T>(
+        &self,
+        statement: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.deadline, statement).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer from the database within {}",
+                humantime::format_duration(self.deadline)
+            ))),
+        }
+    }
+
+    /// A pooled connection for one call's statements. Queries run on it rather
+    /// than on the pool: the pool's executor wraps each query's row stream in a
+    /// second stream of its own, which doubled the work per row returned (every
+    /// row re-enters the caller's tracing span once per stream).
+    ///
+    /// An idle connection is taken at once: sqlx's acquire future is large
+    /// enough (kilobytes) that building and moving one per statement showed in
+    /// profiles. With `test_before_acquire` off, the two paths hand out the same
+    /// connection; `try_acquire` never jumps the queue, since released permits
+    /// go to waiters first. Only when none is idle does the call wait in line.
+    pub async fn conn(&self) -> Result<StatementConn, StoreError> {
+        let conn = match self.pool.try_acquire() {
+            Some(conn) => conn,
+            None => Box::pin(self.pool.acquire()).await?,
+        };
+        Ok(StatementConn {
+            conn,
+            finished: false,
+        })
+    }
+}
+
+/// A pooled connection for one call's statements. Unless `finish` is called
+/// after them, dropping it closes the connection instead of returning it to
+/// the pool: when a caller stops waiting mid-statement (its RPC was cancelled
+/// or passed its deadline), PostgreSQL then ends the statement at its next
+/// client check (`client_connection_check_interval`) rather than running it
+/// out, and no later call waits behind it. A statement that failed closes its
+/// connection too, which costs a reconnect and nothing else.
+pub(super) struct StatementConn {
+    conn: PoolConnection<Postgres>,
+    finished: bool,
+}
+
+impl StatementConn {
+    pub fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl std::ops::Deref for StatementConn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for StatementConn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for StatementConn {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.close_on_drop();
+        }
+    }
+}

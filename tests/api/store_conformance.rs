@@ -1,0 +1,556 @@
+//! The store's behaviour, written once against its traits (`OutboxStore`,
+//! `Arrivals`, `ArrivalFeed`): every backend runs the same cases, each on a
+//! database of its own. A new backend implements `Backend` and adds one line
+//! to the list at the bottom.
+
+use std::{sync::Arc, time::Duration};
+
+use outboxd::{
+    lease::{
+        AckRequest, ClaimRequest, ClaimedBatch, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
+        ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, Settled, WorkerId,
+    },
+    outbox::{OutboxPolicy, OutboxSpec, TableRef},
+    store::{
+        self, AdoptMode, Arrival, ArrivalFeed, Arrivals, ConnectSettings, OutboxStore, PgStore,
+        Store,
+    },
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::support::{TestDb, millis, secs, wait_until, within};
+
+/// A storage backend under test.
+trait Backend {
+    type Store: Store;
+
+    /// A store serving `specs` on `db`, its tables ready.
+    async fn open(db: &TestDb, specs: &[OutboxSpec]) -> Self::Store;
+}
+
+struct Postgres;
+
+impl Backend for Postgres {
+    type Store = PgStore;
+
+    async fn open(db: &TestDb, specs: &[OutboxSpec]) -> PgStore {
+        let settings = ConnectSettings {
+            options: db.url().parse().expect("a postgres URL"),
+            display_url: db.url(),
+            max_connections: 8,
+            acquire_timeout: secs(5),
+            give_up_after: Some(secs(10)),
+            statement_timeout: secs(5),
+        };
+        let pool = store::connect(&settings, &CancellationToken::new())
+            .await
+            .expect("connect to the test database");
+        outboxd::server::MIGRATOR
+            .run(&pool)
+            .await
+            .expect("migrate the test database");
+        PgStore::open(pool, specs, AdoptMode::Create)
+            .await
+            .expect("open the store")
+            .with_statement_timeout(secs(5))
+    }
+}
+
+/// A test database, its store, and the store's one outbox (`public.outbox`).
+struct Fixture<S: Store> {
+    db: Arc<TestDb>,
+    store: S,
+    outbox: S::Outbox,
+}
+
+async fn fixture<B: Backend>(policy: OutboxPolicy) -> Fixture<B::Store> {
+    let db = TestDb::create().await;
+    let spec = OutboxSpec {
+        name: OutboxName::DEFAULT.to_owned(),
+        table: table(),
+        policy,
+    };
+    let store = B::open(&db, &[spec]).await;
+    let outbox = store.outboxes().remove(0);
+    Fixture { db, store, outbox }
+}
+
+fn table() -> TableRef {
+    TableRef::new("public", "outbox").expect("a valid table name")
+}
+
+/// outboxd's default policy, read from its flags (where defaults live).
+fn default_policy() -> OutboxPolicy {
+    use clap::Parser as _;
+    let cli =
+        outboxd::config::Cli::try_parse_from(["outboxd", "--database-url", "postgres://db/app"])
+            .expect("the default flags parse");
+    let config = cli.serve.validate().expect("the default flags are valid");
+    config.database.outboxes[0].policy.clone()
+}
+
+fn policy(max_attempts: u32, retention: Duration) -> OutboxPolicy {
+    OutboxPolicy {
+        max_attempts,
+        retention,
+        ..default_policy()
+    }
+}
+
+/// The producer's side: one INSERT of `n` events, committed. Returns their
+/// ids in insert order.
+async fn produce(db: &TestDb, n: usize) -> Vec<Uuid> {
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload) \
+         SELECT id, 'order-1', 'order.created', '{}' FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, n) \
+         ORDER BY n",
+    )
+    .bind(&ids)
+    .execute(&db.pool)
+    .await
+    .expect("insert events");
+    ids
+}
+
+fn claim(max_messages: u32, lease: Duration) -> ClaimRequest {
+    ClaimRequest {
+        outbox: OutboxName::from_wire(""),
+        worker_id: WorkerId::parse("conformance").expect("a valid worker id"),
+        max_messages,
+        lease,
+        wait: Duration::ZERO,
+        max_bytes: DEFAULT_MAX_CLAIM_BYTES,
+        max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        acks: Vec::new(),
+    }
+}
+
+fn message_ids(ids: &[Uuid]) -> Vec<MessageId> {
+    ids.iter().copied().map(MessageId::from).collect()
+}
+
+fn ack(lease_id: LeaseId, ids: &[Uuid]) -> AckRequest {
+    AckRequest {
+        outbox: OutboxName::from_wire(""),
+        lease_id,
+        message_ids: message_ids(ids),
+    }
+}
+
+fn nack(lease_id: LeaseId, ids: &[Uuid], retry_after: Option<Duration>) -> NackRequest {
+    NackRequest {
+        outbox: OutboxName::from_wire(""),
+        lease_id,
+        message_ids: message_ids(ids),
+        error: "the broker refused it".to_owned(),
+        retry_after,
+        dead_letter: false,
+    }
+}
+
+fn extend(lease_id: LeaseId, ids: &[Uuid], lease: Duration) -> ExtendRequest {
+    ExtendRequest {
+        outbox: OutboxName::from_wire(""),
+        lease_id,
+        message_ids: message_ids(ids),
+        lease,
+    }
+}
+
+fn ids_of(batch: &ClaimedBatch) -> Vec<Uuid> {
+    batch.messages.iter().map(|m| m.id).collect()
+}
+
+fn outcomes(settled: &Settled) -> Vec<Outcome> {
+    settled.results.iter().map(|r| r.outcome).collect()
+}
+
+/// Claims until a claim hands out something, for rows whose lease or backoff
+/// runs out by the store's clock.
+async fn claim_when_due<O: OutboxStore>(
+    outbox: &O,
+    what: &str,
+    req: &ClaimRequest,
+) -> ClaimedBatch {
+    let mut batch = None;
+    wait_until(secs(15), what, async || {
+        let claimed = outbox.claim(req).await.expect("claim");
+        let found = !claimed.messages.is_empty();
+        batch = Some(claimed);
+        found
+    })
+    .await;
+    batch.expect("claimed")
+}
+
+/// The feed's announcements on a channel: waiting on a channel with a timeout
+/// leaves nothing half-read, as cancelling the feed's own future might.
+fn announcements(mut feed: impl ArrivalFeed) -> mpsc::UnboundedReceiver<Arrival> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move { while tx.send(feed.next().await).is_ok() {} });
+    rx
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn claim_hands_out_rows_in_sequence_order_and_fences_them_from_a_second_claim<
+        B: Backend,
+    >() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 5).await;
+
+        let first = f.outbox.claim(&claim(3, secs(60))).await.expect("claim");
+        assert_eq!(ids_of(&first), ids[..3], "the oldest rows, in insert order");
+        assert!(
+            first
+                .messages
+                .windows(2)
+                .all(|m| m[0].sequence < m[1].sequence)
+        );
+        assert!(first.messages.iter().all(|m| m.attempt == 1));
+        assert!(first.expires_at.is_some());
+
+        let second = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert_eq!(
+            ids_of(&second),
+            ids[3..],
+            "only the rows the first lease does not hold"
+        );
+        assert_ne!(second.lease_id, first.lease_id);
+
+        let third = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert!(third.messages.is_empty() && third.expires_at.is_none());
+    }
+
+    pub async fn an_ack_under_a_lost_lease_is_refused_and_changes_nothing<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 1).await;
+        let lost = f.outbox.claim(&claim(1, millis(200))).await.expect("claim");
+        assert_eq!(ids_of(&lost), ids);
+
+        let held = claim_when_due(
+            &f.outbox,
+            "the expired lease's row is claimed again",
+            &claim(1, secs(60)),
+        )
+        .await;
+        assert_eq!(ids_of(&held), ids);
+        assert_eq!(held.messages[0].attempt, 2);
+        assert_eq!(
+            held.expired_leases
+                .iter()
+                .map(|l| l.lease_id)
+                .collect::<Vec<_>>(),
+            [Some(lost.lease_id.as_uuid())],
+            "the claim reports the lease it took the row from"
+        );
+
+        let refused = f.outbox.ack(&ack(lost.lease_id, &ids)).await.expect("ack");
+        assert_eq!(outcomes(&refused), [Outcome::LeaseLost]);
+        assert!(refused.ended.is_empty());
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!(
+            (stats.pending, stats.in_flight, stats.published_retained),
+            (1, 1, 0)
+        );
+
+        let acked = f.outbox.ack(&ack(held.lease_id, &ids)).await.expect("ack");
+        assert_eq!(outcomes(&acked), [Outcome::Ok]);
+        let again = f.outbox.ack(&ack(held.lease_id, &ids)).await.expect("ack");
+        assert_eq!(outcomes(&again), [Outcome::AlreadyDone]);
+        let unknown = f
+            .outbox
+            .ack(&ack(held.lease_id, &[Uuid::new_v4()]))
+            .await
+            .expect("ack");
+        assert_eq!(outcomes(&unknown), [Outcome::NotFound]);
+    }
+
+    pub async fn a_nack_retries_after_its_delay_and_dead_letters_at_max_attempts<B: Backend>() {
+        let f = fixture::<B>(policy(3, secs(3600))).await;
+        let ids = produce(&f.db, 1).await;
+
+        let first = f.outbox.claim(&claim(1, secs(60))).await.expect("claim");
+        let nacked = f
+            .outbox
+            .nack(&nack(first.lease_id, &ids, Some(secs(2))))
+            .await
+            .expect("nack");
+        assert_eq!(outcomes(&nacked), [Outcome::Ok]);
+        let early = f.outbox.claim(&claim(1, secs(60))).await.expect("claim");
+        assert!(early.messages.is_empty(), "the row waits out its delay");
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.in_flight), (1, 0));
+
+        let second = claim_when_due(&f.outbox, "the nacked row is due", &claim(1, secs(60))).await;
+        assert_eq!(
+            (ids_of(&second), second.messages[0].attempt),
+            (ids.clone(), 2)
+        );
+        let nacked = f
+            .outbox
+            .nack(&nack(second.lease_id, &ids, Some(Duration::ZERO)))
+            .await
+            .expect("nack");
+        assert_eq!(outcomes(&nacked), [Outcome::Ok]);
+
+        let third = claim_when_due(&f.outbox, "the row is due at once", &claim(1, secs(60))).await;
+        assert_eq!(third.messages[0].attempt, 3);
+        let last = f
+            .outbox
+            .nack(&nack(third.lease_id, &ids, Some(Duration::ZERO)))
+            .await
+            .expect("nack");
+        assert_eq!(
+            outcomes(&last),
+            [Outcome::DeadLettered],
+            "the third of three attempts"
+        );
+        assert!(last.ended.iter().all(|l| l.dead_lettered));
+
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.dead_lettered), (0, 1));
+        let none = f.outbox.claim(&claim(1, secs(60))).await.expect("claim");
+        assert!(
+            none.messages.is_empty(),
+            "a dead letter is never handed out"
+        );
+    }
+
+    pub async fn extend_moves_the_expiry_of_rows_still_under_the_lease<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 2).await;
+        let batch = f.outbox.claim(&claim(2, secs(2))).await.expect("claim");
+        let claimed_until = batch.expires_at.expect("an expiry");
+
+        let extended = f
+            .outbox
+            .extend(&extend(batch.lease_id, &ids[..1], secs(60)))
+            .await
+            .expect("extend");
+        assert_eq!(outcomes(&extended), [Outcome::Ok]);
+        let until = extended.expires_at.expect("a new expiry");
+        assert!(
+            until - claimed_until > chrono::Duration::seconds(50),
+            "{claimed_until} → {until}"
+        );
+
+        let all = f
+            .outbox
+            .extend(&extend(batch.lease_id, &[], secs(120)))
+            .await
+            .expect("extend");
+        assert_eq!(
+            outcomes(&all),
+            [Outcome::Ok, Outcome::Ok],
+            "no ids: every row under the lease"
+        );
+        assert!(all.expires_at.expect("a new expiry") > until);
+
+        let stranger = f
+            .outbox
+            .extend(&extend(LeaseId::generate(), &ids, secs(60)))
+            .await
+            .expect("extend");
+        assert_eq!(
+            outcomes(&stranger),
+            [Outcome::LeaseLost, Outcome::LeaseLost]
+        );
+        assert!(stranger.expires_at.is_none());
+        let unknown = f
+            .outbox
+            .extend(&extend(batch.lease_id, &[Uuid::new_v4()], secs(60)))
+            .await
+            .expect("extend");
+        assert_eq!(outcomes(&unknown), [Outcome::NotFound]);
+    }
+
+    pub async fn stats_count_pending_in_flight_dead_and_retained_rows<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 4).await;
+        let batch = f.outbox.claim(&claim(2, secs(60))).await.expect("claim");
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!(
+            (stats.pending, stats.in_flight, stats.dead_lettered),
+            (4, 2, 0)
+        );
+
+        let mut dead = nack(batch.lease_id, &ids[..1], None);
+        dead.dead_letter = true;
+        assert_eq!(
+            outcomes(&f.outbox.nack(&dead).await.expect("nack")),
+            [Outcome::DeadLettered]
+        );
+        assert_eq!(
+            outcomes(
+                &f.outbox
+                    .ack(&ack(batch.lease_id, &ids[1..2]))
+                    .await
+                    .expect("ack")
+            ),
+            [Outcome::Ok]
+        );
+
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!(
+            (
+                stats.pending,
+                stats.in_flight,
+                stats.dead_lettered,
+                stats.published_retained
+            ),
+            (2, 0, 1, 1)
+        );
+        let gauges = f.outbox.gauges().await.expect("gauges");
+        assert_eq!(
+            (
+                gauges.pending,
+                gauges.in_flight,
+                gauges.dead_lettered,
+                gauges.published_retained
+            ),
+            (2, 0, 1, 0),
+            "gauges leave retained history uncounted"
+        );
+    }
+
+    pub async fn retention_purges_only_published_rows_older_than_the_retention<B: Backend>() {
+        let f = fixture::<B>(policy(10, secs(2))).await;
+        let ids = produce(&f.db, 3).await;
+        let batch = f.outbox.claim(&claim(2, secs(60))).await.expect("claim");
+        f.outbox
+            .ack(&ack(batch.lease_id, &ids[..1]))
+            .await
+            .expect("ack");
+        let mut dead = nack(batch.lease_id, &ids[1..2], None);
+        dead.dead_letter = true;
+        f.outbox.nack(&dead).await.expect("nack");
+
+        wait_until(
+            secs(15),
+            "the published row outlives its retention and is purged",
+            async || {
+                f.outbox.purge_published(100).await.expect("purge");
+                f.outbox.stats().await.expect("stats").published_retained == 0
+            },
+        )
+        .await;
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!(
+            (stats.pending, stats.dead_lettered),
+            (1, 1),
+            "pending and dead rows stay"
+        );
+
+        let young = f.outbox.claim(&claim(1, secs(60))).await.expect("claim");
+        f.outbox
+            .ack(&ack(young.lease_id, &ids[2..]))
+            .await
+            .expect("ack");
+        assert_eq!(
+            f.outbox.purge_published(100).await.expect("purge"),
+            0,
+            "younger than retention"
+        );
+        assert_eq!(f.outbox.stats().await.expect("stats").published_retained, 1);
+    }
+
+    pub async fn arrivals_announce_a_committed_insert_and_not_a_rolled_back_one<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let mut feed = announcements(f.store.listen().await.expect("listen"));
+
+        let mut tx = f.db.pool.begin().await.expect("begin");
+        sqlx::query("INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, 'a', 'e', '{}')")
+            .bind(Uuid::new_v4())
+            .execute(&mut *tx)
+            .await
+            .expect("insert");
+        tx.rollback().await.expect("rollback");
+        produce(&f.db, 3).await;
+
+        // Announcements come in commit order: the rolled-back insert, had it
+        // been announced, would come first.
+        let arrival = within(secs(10), "the committed insert is announced", feed.recv()).await;
+        assert_eq!(
+            arrival,
+            Some(Arrival::Inserted {
+                table: table(),
+                rows: 3
+            })
+        );
+    }
+
+    pub async fn a_quiet_mark_silences_announcements_until_it_runs_out_while_the_probe_sees_every_insert<
+        B: Backend,
+    >() {
+        let f = fixture::<B>(default_policy()).await;
+        assert!(f.outbox.probeable());
+        let mut feed = announcements(f.store.listen().await.expect("listen"));
+        let before = f.outbox.sequence().await.expect("probe");
+
+        f.outbox.mark_quiet(secs(2)).await.expect("mark");
+        produce(&f.db, 1).await;
+        let probed = f.outbox.sequence().await.expect("probe");
+        assert!(
+            probed > before,
+            "the probe sees the silenced insert ({before} → {probed})"
+        );
+
+        // Two rows at a time until the mark has run out: the first
+        // announcement is of two rows, never of the silenced one.
+        let mut announced = None;
+        wait_until(
+            secs(15),
+            "inserts are announced again once the mark ran out",
+            async || {
+                produce(&f.db, 2).await;
+                announced = tokio::time::timeout(millis(100), feed.recv())
+                    .await
+                    .ok()
+                    .flatten();
+                announced.is_some()
+            },
+        )
+        .await;
+        assert_eq!(
+            announced,
+            Some(Arrival::Inserted {
+                table: table(),
+                rows: 2
+            })
+        );
+        assert!(f.outbox.sequence().await.expect("probe") >= probed + 2);
+    }
+}
+
+/// The cases, as tests of one backend.
+macro_rules! conformance {
+    ($backend:ty) => {
+        conformance!($backend:
+            claim_hands_out_rows_in_sequence_order_and_fences_them_from_a_second_claim,
+            an_ack_under_a_lost_lease_is_refused_and_changes_nothing,
+            a_nack_retries_after_its_delay_and_dead_letters_at_max_attempts,
+            extend_moves_the_expiry_of_rows_still_under_the_lease,
+            stats_count_pending_in_flight_dead_and_retained_rows,
+            retention_purges_only_published_rows_older_than_the_retention,
+            arrivals_announce_a_committed_insert_and_not_a_rolled_back_one,
+            a_quiet_mark_silences_announcements_until_it_runs_out_while_the_probe_sees_every_insert,
+        );
+    };
+    ($backend:ty: $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::cases::$case::<$backend>().await;
+            }
+        )+
+    };
+}
+
+mod postgres {
+    conformance!(super::Postgres);
+}
