@@ -4,8 +4,11 @@
 //!
 //! A new broker is a module beside `rabbitmq/` implementing both traits, a
 //! variant of [`crate::config::BrokerConfig`] with its flags, and its arm in
-//! [`crate::run`].
+//! [`crate::run`]; the conformance suite (`conformance.rs`) then runs against
+//! it unchanged.
 
+#[cfg(test)]
+pub(crate) mod conformance;
 pub mod rabbitmq;
 
 use std::future::Future;

@@ -9,6 +9,9 @@ mod message;
 mod publisher;
 pub mod topology;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 
 use outbox_runtime::telemetry;
