@@ -6,6 +6,9 @@ use clap::Parser;
 
 use outbox_runtime::cli::{ListenAddr, LogArgs, parse_duration};
 
+pub use crate::publishers::rabbitmq::RabbitMqArgs;
+use crate::publishers::rabbitmq::RabbitMqConfig;
+
 /// outbox-relay: claims from outboxd, publishes to RabbitMQ with confirms, acks.
 #[derive(Debug, Parser)]
 #[command(name = "outbox-relay", version, about, long_about = None)]
@@ -17,21 +20,6 @@ pub struct RelayArgs {
     /// Outbox to relay.
     #[arg(long, env = "OUTBOX_RELAY_OUTBOX", default_value = "default")]
     pub outbox: String,
-
-    #[command(flatten)]
-    pub broker: BrokerArgs,
-
-    /// Exchange to publish to; declared durable `topic` unless --no-declare.
-    #[arg(long, env = "OUTBOX_RELAY_EXCHANGE", default_value = "outbox")]
-    pub exchange: String,
-
-    /// Do not declare the exchange (it is managed elsewhere).
-    #[arg(long, env = "OUTBOX_RELAY_NO_DECLARE")]
-    pub no_declare: bool,
-
-    /// Routing key template; placeholders {event_type} and {aggregate_id}.
-    #[arg(long, env = "OUTBOX_RELAY_ROUTING_KEY", default_value = "{event_type}")]
-    pub routing_key: String,
 
     /// Messages claimed per batch.
     #[arg(long, env = "OUTBOX_RELAY_BATCH_SIZE", default_value_t = 100)]
@@ -74,10 +62,6 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_WORKER_ID")]
     pub worker_id: Option<String>,
 
-    /// How long to wait for the broker's confirms of a batch before releasing it.
-    #[arg(long, env = "OUTBOX_RELAY_CONFIRM_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
-    pub confirm_timeout: Duration,
-
     /// Long-poll wait per claim when the outbox is empty.
     #[arg(long, env = "OUTBOX_RELAY_WAIT", value_parser = parse_duration, default_value = "20s")]
     pub wait: Duration,
@@ -96,11 +80,9 @@ pub struct RelayArgs {
     )]
     pub metrics_listen: MetricsListen,
 
-    /// For a try-out: at each connect, declare this durable queue and bind it to
-    /// the exchange with `#`, so events arrive somewhere instead of coming back
-    /// unroutable. In production the consumers own their queues and bindings.
-    #[arg(long, env = "OUTBOX_RELAY_BIND_QUEUE", value_name = "NAME")]
-    pub bind_queue: Option<String>,
+    /// The broker: RabbitMQ, the one there is so far.
+    #[command(flatten)]
+    pub rabbitmq: RabbitMqArgs,
 
     #[command(flatten)]
     pub log: LogArgs,
@@ -125,96 +107,12 @@ impl FromStr for MetricsListen {
     }
 }
 
-/// The longest queue name AMQP 0-9-1 carries (a short string).
-const MAX_QUEUE_NAME: usize = 255;
-
-/// A queue name the broker will accept for a declare: RabbitMQ refuses names
-/// in the reserved `amq.` namespace, and an empty name would declare a
-/// server-named queue nobody could find again.
-fn queue_name(name: &str) -> Result<String, String> {
-    if name.is_empty() {
-        return Err("--bind-queue must not be empty".into());
-    }
-    if name.len() > MAX_QUEUE_NAME {
-        return Err(format!(
-            "--bind-queue must be at most {MAX_QUEUE_NAME} bytes, not {}",
-            name.len()
-        ));
-    }
-    if name.starts_with("amq.") {
-        return Err(format!(
-            "--bind-queue {name:?}: names starting with \"amq.\" are reserved by the broker"
-        ));
-    }
-    Ok(name.to_owned())
-}
-
-/// Where RabbitMQ is: shared by the relay and `outbox-consume`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BrokerArgs {
-    /// RabbitMQ URL (amqp:// or amqps://). Never logged with its password.
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
-        hide_default_value = true,
-        hide_env_values = true
-    )]
-    pub amqp_url: String,
-}
-
-/// A parsed routing-key template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutingKey(Vec<Part>);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Text(String),
-    EventType,
-    AggregateId,
-}
-
-impl RoutingKey {
-    pub fn parse(template: &str) -> Result<Self, String> {
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while let Some(start) = rest.find('{') {
-            if start > 0 {
-                parts.push(Part::Text(rest[..start].to_owned()));
-            }
-            let end = rest[start..]
-                .find('}')
-                .ok_or_else(|| format!("routing key {template:?}: unclosed '{{'"))?;
-            parts.push(match &rest[start + 1..start + end] {
-                "event_type" => Part::EventType,
-                "aggregate_id" => Part::AggregateId,
-                other => {
-                    return Err(format!(
-                        "routing key {template:?}: unknown placeholder {{{other}}} (use {{event_type}} or {{aggregate_id}})"
-                    ));
-                }
-            });
-            rest = &rest[start + end + 1..];
-        }
-        if rest.contains('}') {
-            return Err(format!("routing key {template:?}: stray '}}'"));
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Text(rest.to_owned()));
-        }
-        Ok(Self(parts))
-    }
-
-    pub fn render(&self, event_type: &str, aggregate_id: &str) -> String {
-        self.0
-            .iter()
-            .map(|p| match p {
-                Part::Text(t) => t.as_str(),
-                Part::EventType => event_type,
-                Part::AggregateId => aggregate_id,
-            })
-            .collect()
-    }
+/// Which broker the relay publishes to, and its settings: a new broker is a
+/// variant here (with its flags in [`RelayArgs`]) and a module in
+/// `publishers/`.
+#[derive(Debug, Clone)]
+pub enum BrokerConfig {
+    RabbitMq(RabbitMqConfig),
 }
 
 /// The relay's settings, validated.
@@ -222,22 +120,16 @@ impl RoutingKey {
 pub struct RelayConfig {
     pub server: String,
     pub outbox: String,
-    pub amqp_url: String,
-    pub exchange: String,
-    pub declare: bool,
-    pub routing_key: RoutingKey,
+    pub broker: BrokerConfig,
     pub batch_size: u32,
     pub lease: Duration,
     pub concurrency: usize,
     pub claim_ahead: bool,
     pub ack_with_claim: bool,
     pub worker_id: String,
-    pub confirm_timeout: Duration,
     pub wait: Duration,
     pub drain_timeout: Duration,
     pub metrics_listen: MetricsListen,
-    /// Declared and bound to the exchange with `#` at each connect.
-    pub bind_queue: Option<String>,
 }
 
 impl RelayArgs {
@@ -251,11 +143,7 @@ impl RelayArgs {
                     self.server
                 )
             })?;
-        let amqp = url::Url::parse(&self.broker.amqp_url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
-            .ok_or("--amqp-url must be an amqp:// or amqps:// URL")?;
-        drop(amqp);
+        let broker = BrokerConfig::RabbitMq(self.rabbitmq.validate()?);
         if !(1..=10_000).contains(&self.batch_size) {
             return Err("--batch-size must be between 1 and 10000".into());
         }
@@ -264,9 +152,6 @@ impl RelayArgs {
         }
         if self.lease < Duration::from_secs(1) {
             return Err("--lease must be at least 1s".into());
-        }
-        if self.confirm_timeout.is_zero() {
-            return Err("--confirm-timeout must be positive".into());
         }
         let worker_id = match &self.worker_id {
             Some(id) if !id.trim().is_empty() && id.chars().count() <= 200 => id.clone(),
@@ -283,35 +168,17 @@ impl RelayArgs {
                 self.server.clone()
             },
             outbox: self.outbox.clone(),
-            amqp_url: self.broker.amqp_url.clone(),
-            exchange: self.exchange.clone(),
-            declare: !self.no_declare,
-            routing_key: RoutingKey::parse(&self.routing_key)?,
+            broker,
             batch_size: self.batch_size,
             lease: self.lease,
             concurrency: self.concurrency,
             claim_ahead: self.claim_ahead,
             ack_with_claim: self.ack_with_claim,
             worker_id,
-            confirm_timeout: self.confirm_timeout,
             wait: self.wait,
             drain_timeout: self.drain_timeout,
             metrics_listen: self.metrics_listen.clone(),
-            bind_queue: self.bind_queue.as_deref().map(queue_name).transpose()?,
         })
-    }
-}
-
-/// The URL with its password masked, for logs.
-pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if url.password().is_some() {
-                let _ = url.set_password(Some("redacted"));
-            }
-            url.to_string()
-        }
-        Err(_) => "<invalid url>".into(),
     }
 }
 
@@ -320,28 +187,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routing_key_templates() {
-        let key = RoutingKey::parse("{event_type}").expect("valid");
-        assert_eq!(key.render("order.created", "a1"), "order.created");
-        let key = RoutingKey::parse("orders.{aggregate_id}.{event_type}!").expect("valid");
-        assert_eq!(key.render("created", "42"), "orders.42.created!");
-        assert_eq!(
-            RoutingKey::parse("fixed").expect("valid").render("x", "y"),
-            "fixed"
-        );
-        for bad in ["{event", "{nope}", "a}b"] {
-            assert!(RoutingKey::parse(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn defaults_match_the_documented_ones() {
         let args = RelayArgs::try_parse_from(["outbox-relay"]).expect("parses");
         let config = args.validate().expect("valid");
         assert_eq!(config.server, "http://127.0.0.1:50051");
         assert_eq!(config.outbox, "default");
-        assert_eq!(config.exchange, "outbox");
-        assert!(config.declare);
+        let rabbitmq = rabbitmq(&config);
+        assert_eq!(rabbitmq.exchange, "outbox");
+        assert!(rabbitmq.declare);
+        assert_eq!(rabbitmq.confirm_timeout, Duration::from_secs(15));
         assert_eq!(config.batch_size, 100);
         assert_eq!(config.lease, Duration::from_secs(30));
         assert_eq!(config.concurrency, 4);
@@ -352,7 +206,7 @@ mod tests {
             MetricsListen::At("0.0.0.0:9091".parse().expect("addr")),
             "not outboxd's 9090"
         );
-        assert_eq!(config.bind_queue, None);
+        assert_eq!(rabbitmq.bind_queue, None);
         let off = RelayArgs::try_parse_from([
             "outbox-relay",
             "--claim-ahead",
@@ -370,6 +224,11 @@ mod tests {
                 .worker_id
                 .ends_with(&format!("-{}", std::process::id()))
         );
+    }
+
+    fn rabbitmq(config: &RelayConfig) -> &RabbitMqConfig {
+        let BrokerConfig::RabbitMq(rabbitmq) = &config.broker;
+        rabbitmq
     }
 
     fn relay(args: &[&str]) -> Result<RelayConfig, String> {
@@ -404,7 +263,7 @@ mod tests {
         let max = "q".repeat(255);
         for good in ["quickstart", "amq", "amqp.events", max.as_str()] {
             let config = relay(&["--bind-queue", good]).expect(good);
-            assert_eq!(config.bind_queue.as_deref(), Some(good));
+            assert_eq!(rabbitmq(&config).bind_queue.as_deref(), Some(good));
         }
         let long = "q".repeat(256);
         for (bad, why) in [
@@ -417,13 +276,5 @@ mod tests {
         }
         // Bytes, not characters: 128 two-byte characters are 256 bytes.
         assert!(relay(&["--bind-queue", &"é".repeat(128)]).is_err());
-    }
-
-    #[test]
-    fn passwords_are_masked() {
-        assert_eq!(
-            redact_url("amqp://guest:secret@host:5672/%2f"),
-            "amqp://guest:redacted@host:5672/%2f"
-        );
     }
 }

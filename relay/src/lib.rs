@@ -1,13 +1,15 @@
 //! outbox-relay, the reference worker: claims leased batches from outboxd,
-//! publishes them to RabbitMQ with publisher confirms and `mandatory`, and acks
-//! what the broker confirmed. At-least-once: a crash at any point leaves the
-//! messages to lease expiry and redelivery, never to loss.
+//! publishes them to a broker (RabbitMQ, with publisher confirms and
+//! `mandatory`), and acks what the broker confirmed. At-least-once: a crash at
+//! any point leaves the messages to lease expiry and redelivery, never to loss.
+//!
+//! The worker loop (`worker/`) knows outboxd only through [`Leases`] and the
+//! broker only through [`Broker`] and [`Publisher`] (`publishers/`).
 
-mod amqp;
 pub mod config;
 mod leases;
 pub mod metrics;
-mod publisher;
+pub mod publishers;
 mod worker;
 
 use std::{sync::Arc, time::Duration};
@@ -19,10 +21,9 @@ use outbox_runtime::metrics::{self as endpoint, Metrics};
 
 use crate::metrics::RelayMetrics;
 
-pub use amqp::{AmqpPublisher, Broker};
-pub use config::{MetricsListen, RelayArgs, RelayConfig};
+pub use config::{BrokerConfig, MetricsListen, RelayArgs, RelayConfig};
 pub use leases::{GrpcLeases, Leases};
-pub use publisher::{Delivery, Publisher};
+pub use publishers::{Broker, Delivery, Publisher, rabbitmq::RabbitMq};
 pub use worker::{ServerLink, Settings, Worker};
 
 /// Binds the metrics listener (nothing for `off`). Called before anything
@@ -49,18 +50,7 @@ pub async fn run(
         Some(listener) => listener.local_addr()?.to_string(),
         None => "off".to_owned(),
     };
-    let broker = Broker::new(&config, RelayMetrics::new(&metrics));
-    let settings = Arc::new(Settings {
-        outbox: config.outbox.clone(),
-        worker_id: config.worker_id.clone(),
-        batch_size: config.batch_size,
-        lease: config.lease,
-        wait: config.wait,
-        claim_ahead: config.claim_ahead,
-        ack_with_claim: config.ack_with_claim,
-    });
-    let server = Arc::new(ServerLink::default());
-    let tasks = TaskTracker::new();
+    let relay_metrics = RelayMetrics::new(&metrics);
     let metrics_stop = CancellationToken::new();
     let endpoint = metrics_listener.map(|listener| {
         tokio::spawn(endpoint::serve(
@@ -69,31 +59,24 @@ pub async fn run(
             metrics_stop.clone(),
         ))
     });
-    for _ in 0..config.concurrency {
-        let worker = Worker::new(
-            leases.clone(),
-            broker.publisher(),
-            Arc::clone(&settings),
-            Arc::clone(&server),
-        );
-        tasks.spawn(worker.run(stop.clone()));
-    }
-    tasks.close();
-    tracing::info!(
-        server = %config.server,
-        outbox = %config.outbox,
-        exchange = %config.exchange,
-        worker_id = %config.worker_id,
-        concurrency = config.concurrency,
-        claim_ahead = config.claim_ahead,
-        ack_with_claim = config.ack_with_claim,
-        bind_queue = config.bind_queue.as_deref(),
-        metrics = %metrics_addr,
-        "relaying"
-    );
+    // The one place that knows every broker: each arm starts the slots on its
+    // own, then says what it relays to.
+    let slots = match &config.broker {
+        BrokerConfig::RabbitMq(rabbitmq) => {
+            let broker = RabbitMq::new(rabbitmq, &config.worker_id, relay_metrics);
+            let slots = start(&config, &leases, &broker, &stop);
+            relaying(
+                &config,
+                &metrics_addr,
+                broker.destination(),
+                rabbitmq.bind_queue.as_deref(),
+            );
+            slots
+        }
+    };
     stop.cancelled().await;
     tracing::info!(timeout = ?config.drain_timeout, "stopped claiming; finishing in-flight batches");
-    if tokio::time::timeout(config.drain_timeout, tasks.wait())
+    if tokio::time::timeout(config.drain_timeout, slots.wait())
         .await
         .is_err()
     {
@@ -105,4 +88,55 @@ pub async fn run(
     }
     metrics.shutdown(Duration::from_secs(5)).await;
     Ok(())
+}
+
+/// Spawns `concurrency` slots, each with its own publisher from `broker`,
+/// claiming until `stop`; the tracker is closed, so waiting on it ends when
+/// they all have.
+fn start<L: Leases, B: Broker>(
+    config: &RelayConfig,
+    leases: &L,
+    broker: &B,
+    stop: &CancellationToken,
+) -> TaskTracker {
+    let settings = Arc::new(Settings {
+        outbox: config.outbox.clone(),
+        worker_id: config.worker_id.clone(),
+        batch_size: config.batch_size,
+        lease: config.lease,
+        wait: config.wait,
+        claim_ahead: config.claim_ahead,
+        ack_with_claim: config.ack_with_claim,
+    });
+    let server = Arc::new(ServerLink::default());
+    let slots = TaskTracker::new();
+    for _ in 0..config.concurrency {
+        let worker = Worker::new(
+            leases.clone(),
+            broker.publisher(),
+            Arc::clone(&settings),
+            Arc::clone(&server),
+        );
+        slots.spawn(worker.run(stop.clone()));
+    }
+    slots.close();
+    slots
+}
+
+/// The start-up line. Its fields keep the names they had with RabbitMQ alone:
+/// `exchange` is the broker's destination, `bind_queue` RabbitMQ's try-out
+/// queue (absent for a broker without one).
+fn relaying(config: &RelayConfig, metrics: &str, destination: &str, bind_queue: Option<&str>) {
+    tracing::info!(
+        server = %config.server,
+        outbox = %config.outbox,
+        exchange = %destination,
+        worker_id = %config.worker_id,
+        concurrency = config.concurrency,
+        claim_ahead = config.claim_ahead,
+        ack_with_claim = config.ack_with_claim,
+        bind_queue,
+        metrics = %metrics,
+        "relaying"
+    );
 }

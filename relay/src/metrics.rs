@@ -1,4 +1,6 @@
-//! outbox-relay's instruments, labelled by exchange.
+//! outbox-relay's instruments, labelled by destination. The label keeps the
+//! name `exchange` it had when RabbitMQ was the only broker: dashboards and
+//! alerts select on it.
 
 use opentelemetry::{
     KeyValue,
@@ -6,7 +8,7 @@ use opentelemetry::{
 };
 use outbox_runtime::metrics::{LATENCY_BUCKETS, Metrics};
 
-/// outbox-relay's instruments, labelled by exchange.
+/// outbox-relay's instruments, labelled by destination (RabbitMQ: the exchange).
 #[derive(Debug, Clone)]
 pub struct RelayMetrics {
     published: Counter<u64>,
@@ -16,6 +18,9 @@ pub struct RelayMetrics {
     failed: Counter<u64>,
     publish_duration: Histogram<f64>,
 }
+
+/// The label every instrument carries: where the messages went.
+const DESTINATION: &str = "exchange";
 
 /// How one publish ended, for the relay's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,19 +67,21 @@ impl RelayMetrics {
         }
     }
 
-    pub fn published(&self, exchange: &str, n: usize) {
-        self.published
-            .add(n as u64, &[KeyValue::new("exchange", exchange.to_owned())]);
+    pub fn published(&self, destination: &str, n: usize) {
+        self.published.add(
+            n as u64,
+            &[KeyValue::new(DESTINATION, destination.to_owned())],
+        );
     }
 
     /// A batch's outcomes, each with its seconds from send to confirm; counted
     /// per batch, with the label built once, since this runs for every message.
     pub fn settled(
         &self,
-        exchange: &str,
+        destination: &str,
         outcomes: impl IntoIterator<Item = (PublishResult, f64)>,
     ) {
-        let attrs = [KeyValue::new("exchange", exchange.to_owned())];
+        let attrs = [KeyValue::new(DESTINATION, destination.to_owned())];
         let (mut confirmed, mut returned, mut nacked, mut failed) = (0, 0, 0, 0);
         for (result, seconds) in outcomes {
             match result {

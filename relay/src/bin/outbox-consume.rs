@@ -15,13 +15,14 @@ use std::{fmt::Write as _, process::ExitCode, time::Duration};
 use clap::Parser;
 use futures::StreamExt;
 use lapin::{
-    Connection, ConnectionProperties, ErrorKind,
     message::Delivery,
-    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions},
-    protocol::{AMQPErrorKind, AMQPSoftError},
+    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions},
     types::{AMQPValue, FieldTable},
 };
-use outbox_relay::config::{BrokerArgs, redact_url};
+use outbox_relay::publishers::rabbitmq::{
+    ConnectionArgs, connect, redact_url,
+    topology::{QueueCheck, check_queue},
+};
 use tokio::time::{Instant, timeout_at};
 
 /// Waits for messages on a RabbitMQ queue, prints each as one line and acks it.
@@ -33,7 +34,7 @@ struct Args {
     queue: String,
 
     #[command(flatten)]
-    broker: BrokerArgs,
+    broker: ConnectionArgs,
 
     /// Messages to wait for.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -60,37 +61,21 @@ async fn consume(args: &Args) -> Result<(), String> {
     let deadline = Instant::now() + args.timeout;
     let broker = redact_url(&args.broker.amqp_url);
     let timed_out = |doing: &str| format!("timed out after {:?} {doing}", args.timeout);
-    let properties = ConnectionProperties::default().with_connection_name("outbox-consume".into());
-    let conn = timeout_at(
-        deadline,
-        Connection::connect(&args.broker.amqp_url, properties),
-    )
-    .await
-    .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
-    .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
+    let conn = timeout_at(deadline, connect(&args.broker.amqp_url, "outbox-consume"))
+        .await
+        .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
+        .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
     let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
     let queue = args.queue.as_str();
     // Passive: only checks that the queue exists (see the module comment).
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    check_queue(&channel, queue)
         .await
-        .map_err(|e| match e.kind() {
-            ErrorKind::ProtocolError(amqp)
-                if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)) =>
-            {
-                format!(
-                    "queue {queue:?} does not exist on {broker}; start outbox-relay with \
-                     --bind-queue {queue}, or declare it and bind it to the relay's exchange"
-                )
-            }
-            _ => format!("checking queue {queue:?}: {e}"),
+        .map_err(|check| match check {
+            QueueCheck::Missing => format!(
+                "queue {queue:?} does not exist on {broker}; start outbox-relay with \
+             --bind-queue {queue}, or declare it and bind it to the relay's exchange"
+            ),
+            QueueCheck::Failed(e) => format!("checking queue {queue:?}: {e}"),
         })?;
     // No more unacked messages in hand than asked for: the rest stay queued.
     let prefetch = u16::try_from(args.count).unwrap_or(u16::MAX);
