@@ -38,7 +38,11 @@ def _struct(source: str, name: str) -> str:
 # Flags both binaries flatten in (the log format) live in the shared runtime crate.
 CLI_SRC = (REPO / "runtime/src/cli.rs").read_text()
 SERVER_SRC = (REPO / "src/config.rs").read_text()
-RELAY_SRC = (REPO / "relay/src/config.rs").read_text()
+# The relay's own flags, and each broker's (relay/src/publishers/<broker>/config.rs).
+RELAY_SRC = "\n".join(
+    p.read_text()
+    for p in [REPO / "relay/src/config.rs", *sorted((REPO / "relay/src/publishers").glob("*/config.rs"))]
+)
 # Standard OpenTelemetry SDK variables both binaries read.
 OTEL = {
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
