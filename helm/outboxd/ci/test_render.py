@@ -431,7 +431,7 @@ def test_migration_job_gets_the_database_settings(variant):
     job = variant.job()
     if job is None:
         return
-    migrate_env = _env_names(_struct(SERVER_SRC, "DatabaseArgs")) | _env_names(_struct(SERVER_SRC, "LogArgs"))
+    migrate_env = _env_names(_struct(SERVER_SRC, "DatabaseArgs")) | _env_names(_struct(CLI_SRC, "LogArgs"))
     assert {"OUTBOXD_DB_START_TIMEOUT", "OUTBOXD_STATEMENT_TIMEOUT"} <= migrate_env
     job_env = _env(_containers(job)[0])
     for name, value in variant.configmap()["data"].items():
