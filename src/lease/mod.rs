@@ -6,14 +6,19 @@
 
 mod batch;
 mod ids;
+mod limits;
 mod outcome;
 mod request;
 
 pub use crate::backoff::BackoffPolicy;
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
+pub use limits::{
+    DEFAULT_LEASE, DEFAULT_MAX_BATCH, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_LEASE,
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_RETRY_AFTER, DEFAULT_MAX_WAIT, DEFAULT_MIN_LEASE,
+    Limits, MAX_CARRIED_ACKS, MAX_ERROR_CHARS,
+};
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, ExtendRequest,
-    FieldViolation, Limits, MAX_CARRIED_ACKS, NackRequest, StatsRequest,
+    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, NackRequest, StatsRequest,
 };
