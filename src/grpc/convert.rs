@@ -1,84 +1,11 @@
-//! Proto <-> service conversions. Wire values are checked here against the
-//! server's limits (parse, don't validate); results are shaped for the wire.
+//! Service results shaped for the wire.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tonic::metadata::MetadataMap;
 
 use super::pb;
-use crate::lease::{
-    AckRequest, ClaimRequest, ClaimedBatch, ClaimedMessage, ExtendRequest, FieldViolation, Limits,
-    MessageResult, NackRequest, Outcome, Settled, Stats, StatsRequest,
-};
-
-fn wire(d: Option<prost_types::Duration>) -> Option<(i64, i32)> {
-    d.map(|d| (d.seconds, d.nanos))
-}
-
-pub fn claim(
-    req: &pb::ClaimBatchRequest,
-    limits: &Limits,
-) -> Result<ClaimRequest, Vec<FieldViolation>> {
-    let claim = ClaimRequest::parse(
-        &req.outbox,
-        &req.worker_id,
-        req.max_messages,
-        wire(req.lease_duration),
-        wire(req.wait),
-        limits,
-    );
-    let acks = AckRequest::parse_carried(
-        &req.outbox,
-        req.acks
-            .iter()
-            .map(|a| (a.lease_id.as_str(), a.message_ids.as_slice())),
-        limits,
-    );
-    // Every bad field at once, the claim's first.
-    match (claim, acks) {
-        (Ok(claim), Ok(acks)) => Ok(ClaimRequest { acks, ..claim }),
-        (claim, acks) => Err(claim
-            .err()
-            .into_iter()
-            .chain(acks.err())
-            .flatten()
-            .collect()),
-    }
-}
-
-pub fn ack(req: &pb::AckRequest, limits: &Limits) -> Result<AckRequest, Vec<FieldViolation>> {
-    AckRequest::parse(&req.outbox, &req.lease_id, &req.message_ids, limits)
-}
-
-pub fn nack(req: &pb::NackRequest, limits: &Limits) -> Result<NackRequest, Vec<FieldViolation>> {
-    NackRequest::parse(
-        &req.outbox,
-        &req.lease_id,
-        &req.message_ids,
-        &req.error,
-        wire(req.retry_after),
-        req.dead_letter,
-        limits,
-    )
-}
-
-pub fn extend(
-    req: &pb::ExtendLeaseRequest,
-    limits: &Limits,
-) -> Result<ExtendRequest, Vec<FieldViolation>> {
-    ExtendRequest::parse(
-        &req.outbox,
-        &req.lease_id,
-        &req.message_ids,
-        wire(req.lease_duration),
-        limits,
-    )
-}
-
-pub fn stats(req: &pb::GetStatsRequest) -> StatsRequest {
-    StatsRequest::parse(&req.outbox)
-}
+use crate::lease::{ClaimedBatch, ClaimedMessage, MessageResult, Outcome, Settled, Stats};
 
 pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -150,39 +77,5 @@ pub fn stats_response(s: Stats) -> pb::GetStatsResponse {
         dead_lettered: s.dead_lettered,
         oldest_pending_age: Some(duration(s.oldest_pending_age)),
         published_retained: s.published_retained,
-    }
-}
-
-/// The caller's deadline from `grpc-timeout` (`<digits><unit>`, unit one of
-/// H M S m u n), so a long poll can end in time to deliver its answer.
-pub fn client_deadline(metadata: &MetadataMap) -> Option<Duration> {
-    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeout_header_parses() {
-        let mut md = MetadataMap::new();
-        assert_eq!(client_deadline(&md), None);
-        md.insert("grpc-timeout", "1500m".parse().expect("ascii"));
-        assert_eq!(client_deadline(&md), Some(Duration::from_millis(1500)));
-        md.insert("grpc-timeout", "2S".parse().expect("ascii"));
-        assert_eq!(client_deadline(&md), Some(Duration::from_secs(2)));
-        md.insert("grpc-timeout", "x".parse().expect("ascii"));
-        assert_eq!(client_deadline(&md), None);
     }
 }

@@ -1,5 +1,6 @@
-//! The lease rules, free of tonic and sqlx: identifiers, request limits, the retry
-//! backoff, and how a settle attempt on one row turns into an outcome.
+//! The lease rules, free of tonic and sqlx: identifiers, request limits, the
+//! validated requests, the retry backoff, and how a settle attempt on one row
+//! turns into an outcome.
 //!
 //! `grpc` parses wire requests into these types and `store` executes them, so the
 //! rules are decided here once and unit-tested without a database.
@@ -20,5 +21,5 @@ pub use limits::{
 };
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, NackRequest, StatsRequest,
+    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, NackRequest, StatsRequest, clean_error,
 };
