@@ -1,5 +1,5 @@
 //! `outbox.v1.OutboxService`: one screen per RPC. Each parses its request
-//! (`request`), calls the service, builds its response (`convert`); errors
+//! (`request`), calls the service, builds its response (`response`); errors
 //! become statuses in `status`.
 
 use std::{future::Future, sync::Arc};
@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use super::{
-    convert, observe,
+    observe,
     pb::{self, outbox_service_server::OutboxService as Rpc},
     request::{Parse, within_deadline},
 };
@@ -73,7 +73,7 @@ impl Rpc for OutboxApi {
             if !batch.messages.is_empty() {
                 span.record("lease_id", batch.lease_id.to_string());
             }
-            Ok(Response::new(convert::claimed(batch, acked)))
+            Ok(Response::new((acked, batch).into()))
         })
         .await
     }
@@ -88,9 +88,7 @@ impl Rpc for OutboxApi {
         self.observed("Ack", span, async {
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.ack(&req).await?;
-            Ok(Response::new(pb::AckResponse {
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -105,9 +103,7 @@ impl Rpc for OutboxApi {
         self.observed("Nack", span, async {
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.nack(&req).await?;
-            Ok(Response::new(pb::NackResponse {
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -122,10 +118,7 @@ impl Rpc for OutboxApi {
         self.observed("ExtendLease", span, async {
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.extend(&req).await?;
-            Ok(Response::new(pb::ExtendLeaseResponse {
-                lease_expires_at: settled.expires_at.map(convert::timestamp),
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -139,7 +132,7 @@ impl Rpc for OutboxApi {
         self.observed("GetStats", span, async {
             let req = StatsRequest::from(request.get_ref());
             let stats = self.service.stats(&req).await?;
-            Ok(Response::new(convert::stats_response(stats)))
+            Ok(Response::new(stats.into()))
         })
         .await
     }
