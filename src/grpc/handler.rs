@@ -1,19 +1,24 @@
-//! `outbox.v1.OutboxService`: one screen per RPC.
+//! `outbox.v1.OutboxService`: one screen per RPC. Each parses its request
+//! (`request`), calls the service, builds its response (`response`); errors
+//! become statuses in `status`.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use super::{
-    convert, observe,
+    observe,
     pb::{self, outbox_service_server::OutboxService as Rpc},
+    request::{Parse, within_deadline},
 };
-use crate::{Error, lease::Limits, metrics::ServerMetrics, service::OutboxService};
-
-/// Time kept back from a caller's deadline so a long poll's answer still arrives.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(200);
+use crate::{
+    Error,
+    lease::{Limits, StatsRequest},
+    metrics::ServerMetrics,
+    service::OutboxService,
+};
 
 #[derive(Debug, Clone)]
 pub struct OutboxApi {
@@ -55,10 +60,8 @@ impl Rpc for OutboxApi {
         span.record("outbox", request.get_ref().outbox.as_str());
         span.record("worker_id", request.get_ref().worker_id.as_str());
         self.observed("ClaimBatch", span.clone(), async {
-            let mut req = convert::claim(request.get_ref(), &self.limits).map_err(Error::from)?;
-            if let Some(budget) = convert::client_deadline(request.metadata()) {
-                req.wait = req.wait.min(budget.saturating_sub(DEADLINE_MARGIN));
-            }
+            let mut req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
+            req.wait = within_deadline(req.wait, request.metadata());
             if !req.acks.is_empty() {
                 span.record(
                     "acked",
@@ -70,7 +73,7 @@ impl Rpc for OutboxApi {
             if !batch.messages.is_empty() {
                 span.record("lease_id", batch.lease_id.to_string());
             }
-            Ok(Response::new(convert::claimed(batch, acked)))
+            Ok(Response::new((acked, batch).into()))
         })
         .await
     }
@@ -83,11 +86,9 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("Ack", span, async {
-            let req = convert::ack(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.ack(&req).await?;
-            Ok(Response::new(pb::AckResponse {
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -100,11 +101,9 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("Nack", span, async {
-            let req = convert::nack(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.nack(&req).await?;
-            Ok(Response::new(pb::NackResponse {
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -117,12 +116,9 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("ExtendLease", span, async {
-            let req = convert::extend(request.get_ref(), &self.limits).map_err(Error::from)?;
+            let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.extend(&req).await?;
-            Ok(Response::new(pb::ExtendLeaseResponse {
-                lease_expires_at: settled.expires_at.map(convert::timestamp),
-                results: convert::results(settled),
-            }))
+            Ok(Response::new(settled.into()))
         })
         .await
     }
@@ -134,9 +130,9 @@ impl Rpc for OutboxApi {
         let span = observe::server_span("GetStats", &request);
         span.record("outbox", request.get_ref().outbox.as_str());
         self.observed("GetStats", span, async {
-            let req = convert::stats(request.get_ref());
+            let req = StatsRequest::from(request.get_ref());
             let stats = self.service.stats(&req).await?;
-            Ok(Response::new(convert::stats_response(stats)))
+            Ok(Response::new(stats.into()))
         })
         .await
     }

@@ -1,9 +1,12 @@
-//! The gRPC front: each RPC converts its request, calls the service, converts the
-//! result. Validation lives in the conversions; status codes in `status`.
+//! The gRPC front, every wire concern of the server: `request` checks wire
+//! requests against the limits, naming bad fields as on the wire; `response`
+//! shapes results; `status` maps errors to status codes, with
+//! `google.rpc.BadRequest` details; `handler` strings them together per RPC.
 
-mod convert;
 mod handler;
 mod observe;
+mod request;
+mod response;
 mod status;
 
 pub use handler::OutboxApi;

@@ -1,19 +1,25 @@
-//! The lease rules, free of tonic and sqlx: identifiers, request limits, the retry
-//! backoff, and how a settle attempt on one row turns into an outcome.
+//! The lease rules, free of tonic and sqlx: identifiers, request limits, the
+//! validated requests, the retry backoff, and how a settle attempt on one row
+//! turns into an outcome.
 //!
 //! `grpc` parses wire requests into these types and `store` executes them, so the
 //! rules are decided here once and unit-tested without a database.
 
 mod batch;
 mod ids;
+mod limits;
 mod outcome;
 mod request;
 
 pub use crate::backoff::BackoffPolicy;
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
+pub use limits::{
+    DEFAULT_LEASE, DEFAULT_MAX_BATCH, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_LEASE,
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_RETRY_AFTER, DEFAULT_MAX_WAIT, DEFAULT_MIN_LEASE,
+    Limits, MAX_CARRIED_ACKS, MAX_ERROR_CHARS,
+};
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, ExtendRequest,
-    FieldViolation, Limits, MAX_CARRIED_ACKS, NackRequest, StatsRequest,
+    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, NackRequest, StatsRequest, clean_error,
 };

@@ -1,0 +1,167 @@
+//! The service's results shaped for the wire: one `From` per response.
+
+use chrono::{DateTime, Utc};
+
+use super::pb;
+use crate::lease::{ClaimedBatch, ClaimedMessage, MessageResult, Outcome, Settled, Stats};
+
+/// What ClaimBatch answers: the outcomes of the acks it carried, and the batch
+/// (no lease id, expiry or messages when nothing was claimed).
+impl From<(Vec<MessageResult>, ClaimedBatch)> for pb::ClaimBatchResponse {
+    fn from((acked, batch): (Vec<MessageResult>, ClaimedBatch)) -> Self {
+        let ack_results = results(acked);
+        if batch.messages.is_empty() {
+            return Self {
+                ack_results,
+                ..Default::default()
+            };
+        }
+        Self {
+            lease_id: batch.lease_id.to_string(),
+            lease_expires_at: batch.expires_at.map(timestamp),
+            messages: batch.messages.into_iter().map(Into::into).collect(),
+            ack_results,
+        }
+    }
+}
+
+impl From<ClaimedMessage> for pb::OutboxMessage {
+    fn from(m: ClaimedMessage) -> Self {
+        Self {
+            id: m.id.to_string(),
+            aggregate_id: m.aggregate_id,
+            event_type: m.event_type,
+            payload: m.payload.into_bytes(),
+            headers: m.headers.into_iter().collect(),
+            created_at: Some(timestamp(m.created_at)),
+            attempt: m.attempt,
+            sequence: m.sequence,
+        }
+    }
+}
+
+impl From<Settled> for pb::AckResponse {
+    fn from(settled: Settled) -> Self {
+        Self {
+            results: results(settled.results),
+        }
+    }
+}
+
+impl From<Settled> for pb::NackResponse {
+    fn from(settled: Settled) -> Self {
+        Self {
+            results: results(settled.results),
+        }
+    }
+}
+
+impl From<Settled> for pb::ExtendLeaseResponse {
+    fn from(settled: Settled) -> Self {
+        Self {
+            lease_expires_at: settled.expires_at.map(timestamp),
+            results: results(settled.results),
+        }
+    }
+}
+
+impl From<Stats> for pb::GetStatsResponse {
+    fn from(s: Stats) -> Self {
+        Self {
+            pending: s.pending,
+            in_flight: s.in_flight,
+            dead_lettered: s.dead_lettered,
+            oldest_pending_age: Some(duration(s.oldest_pending_age)),
+            published_retained: s.published_retained,
+        }
+    }
+}
+
+impl From<MessageResult> for pb::MessageResult {
+    fn from(r: MessageResult) -> Self {
+        Self {
+            message_id: r.message_id.to_string(),
+            outcome: pb::Outcome::from(r.outcome).into(),
+            detail: r.detail,
+        }
+    }
+}
+
+impl From<Outcome> for pb::Outcome {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Ok => Self::Ok,
+            Outcome::AlreadyDone => Self::AlreadyDone,
+            Outcome::LeaseLost => Self::LeaseLost,
+            Outcome::NotFound => Self::NotFound,
+            Outcome::DeadLettered => Self::DeadLettered,
+        }
+    }
+}
+
+fn results(results: Vec<MessageResult>) -> Vec<pb::MessageResult> {
+    results.into_iter().map(Into::into).collect()
+}
+
+fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// prost-types' conversion; an age beyond `i64::MAX` seconds (none is) saturates.
+fn duration(d: std::time::Duration) -> prost_types::Duration {
+    d.try_into().unwrap_or(prost_types::Duration {
+        seconds: i64::MAX,
+        nanos: 999_999_999,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::time::Duration;
+
+    use crate::lease::{LeaseId, MessageId};
+
+    fn result(outcome: Outcome) -> MessageResult {
+        MessageResult {
+            message_id: MessageId::from(uuid::Uuid::nil()),
+            outcome,
+            detail: "why".to_owned(),
+        }
+    }
+
+    #[test]
+    fn an_empty_claim_names_no_lease() {
+        let batch = ClaimedBatch {
+            lease_id: LeaseId::generate(),
+            expires_at: Some(Utc::now()),
+            messages: Vec::new(),
+            dead_lettered: Vec::new(),
+            expired_leases: Vec::new(),
+        };
+        let response = pb::ClaimBatchResponse::from((vec![result(Outcome::Ok)], batch));
+        assert_eq!(response.lease_id, "");
+        assert_eq!(response.lease_expires_at, None);
+        assert_eq!(response.ack_results.len(), 1);
+    }
+
+    #[test]
+    fn outcomes_keep_their_wire_values() {
+        let r = pb::MessageResult::from(result(Outcome::DeadLettered));
+        assert_eq!(r.outcome, pb::Outcome::DeadLettered as i32);
+        assert_eq!(r.message_id, uuid::Uuid::nil().to_string());
+        assert_eq!(r.detail, "why");
+    }
+
+    #[test]
+    fn durations_go_out_as_seconds_and_nanos() {
+        let d = duration(Duration::new(90, 5));
+        assert_eq!((d.seconds, d.nanos), (90, 5));
+        let d = duration(Duration::MAX);
+        assert_eq!(d.seconds, i64::MAX);
+    }
+}
