@@ -9,7 +9,9 @@ use outbox_runtime::cli::{ListenAddr, LogArgs, parse_duration};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::{
-    lease::{BackoffPolicy, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits},
+    lease::{
+        BackoffPolicy, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits, MAX_RETRY_AFTER,
+    },
     outbox::{OutboxArg, OutboxPolicy, OutboxSpec},
     store::ConnectSettings,
 };
@@ -361,7 +363,7 @@ impl ServeArgs {
                 max_wait: self.max_wait,
                 max_claim_bytes: self.max_claim_bytes,
                 max_message_bytes: self.max_message_bytes,
-                ..Limits::default()
+                max_retry_after: MAX_RETRY_AFTER,
             },
             poll_interval: self.poll_interval,
             probe_interval: self.probe_interval,
@@ -371,6 +373,18 @@ impl ServeArgs {
             drain_timeout: self.drain_timeout,
         })
     }
+}
+
+/// outboxd's limits with every flag at its default, for unit tests elsewhere:
+/// the flags are where defaults are defined.
+#[cfg(test)]
+pub(crate) fn default_limits() -> Limits {
+    let cli = Cli::try_parse_from(["outboxd", "--database-url", "postgres://db/app"])
+        .expect("the default flags parse");
+    cli.serve
+        .validate()
+        .expect("the default flags are valid")
+        .limits
 }
 
 /// Masks the password so the URL can be logged.

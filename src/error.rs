@@ -1,7 +1,24 @@
 //! The service's errors: what a caller did wrong, or what is wrong with storage.
 //! `grpc::status` maps them to status codes in one place.
 
-use crate::{lease::FieldViolation, store::StoreError};
+use crate::store::StoreError;
+
+/// An argument the service refuses: which one, under the caller's name for it
+/// (`message_ids[3]`), and why. [`Error::InvalidArgument`] carries them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    pub field: String,
+    pub description: String,
+}
+
+impl FieldViolation {
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -59,4 +59,4 @@ pub mod wakeup;
 pub mod watch;
 
 #[cfg(feature = "server")]
-pub use error::Error;
+pub use error::{Error, FieldViolation};

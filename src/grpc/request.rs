@@ -11,9 +11,12 @@ use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
 use super::pb;
-use crate::lease::{
-    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, LeaseId, Limits, MAX_CARRIED_ACKS,
-    MessageId, NackRequest, OutboxName, StatsRequest, WorkerId, clean_error,
+use crate::{
+    FieldViolation,
+    lease::{
+        AckRequest, ClaimRequest, ExtendRequest, LeaseId, Limits, MAX_CARRIED_ACKS, MessageId,
+        NackRequest, OutboxName, StatsRequest, WorkerId, clean_error,
+    },
 };
 
 /// Time kept back from a caller's deadline so a long poll's answer still arrives.
@@ -289,6 +292,7 @@ impl Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::default_limits;
     use crate::lease::MAX_ERROR_CHARS;
 
     const ID: &str = "6f1c2b0e-8a4b-4c3e-9d1f-0a2b3c4d5e6f";
@@ -337,7 +341,7 @@ mod tests {
 
     #[test]
     fn claim_defaults_apply_when_unset() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let req = claim("w1", 10).parse(&limits).expect("valid");
         assert_eq!(req.outbox.as_str(), "default");
         assert_eq!(req.lease, limits.default_lease);
@@ -348,7 +352,7 @@ mod tests {
 
     #[test]
     fn claim_reports_every_bad_field() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let bad = pb::ClaimBatchRequest {
             lease_duration: secs(0, 5),
             wait: secs(-1, 0),
@@ -378,7 +382,7 @@ mod tests {
 
     #[test]
     fn durations_prost_would_normalise_are_still_refused() {
-        let limits = Limits::default();
+        let limits = default_limits();
         // (2, -5) and (0, 2e9) normalise to valid durations; the wire refuses
         // them. prost-types panics on i64::MIN seconds: never reached.
         for raw in [
@@ -410,7 +414,7 @@ mod tests {
 
     #[test]
     fn long_waits_are_capped_not_refused() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let req = pb::ClaimBatchRequest {
             wait: secs(3600, 0),
             ..claim("w", 1)
@@ -420,7 +424,7 @@ mod tests {
 
     #[test]
     fn lease_bounds_are_inclusive() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let with_lease = |seconds, nanos| pb::ClaimBatchRequest {
             lease_duration: secs(seconds, nanos),
             ..claim("w", 1)
@@ -435,7 +439,7 @@ mod tests {
 
     #[test]
     fn settle_ids_are_checked_one_by_one() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let err = ack("bad", &[ID, "nope"])
             .parse(&limits)
             .expect_err("invalid");
@@ -451,7 +455,7 @@ mod tests {
 
     #[test]
     fn carried_acks_are_checked_and_named_under_acks() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let bad = pb::ClaimBatchRequest {
             acks: vec![
                 lease_ack(ID, &[ID]),
@@ -488,7 +492,7 @@ mod tests {
     fn too_many_ids_are_refused() {
         let limits = Limits {
             max_batch: 2,
-            ..Limits::default()
+            ..default_limits()
         };
         let err = ack(ID, &[ID; 3]).parse(&limits).expect_err("too many");
         assert_eq!(fields(err), ["message_ids"]);
@@ -496,7 +500,7 @@ mod tests {
 
     #[test]
     fn nack_cleans_its_error_and_bounds_retry_after() {
-        let limits = Limits::default();
+        let limits = default_limits();
         let req = nack("bad\0 thing", None).parse(&limits).expect("valid");
         assert_eq!(req.error, "bad thing");
         assert_eq!(req.retry_after, None);

@@ -1,25 +1,11 @@
-//! Server-side bounds on what clients may ask for. Each default is named once
-//! here, for `Limits::default()` and for whoever else needs it (flags, docs).
+//! Server-side bounds on what clients may ask for. Their defaults are the
+//! flags' (`outboxd --help`), defined there once; the constants here are the
+//! bounds without a flag, and the byte limits the flags take as defaults.
 
 use std::time::Duration;
 
-/// Largest batch a claim may ask for, and most ids per settle call.
-pub const DEFAULT_MAX_BATCH: u32 = 1000;
-
-/// The lease of a claim that does not ask for one.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
-/// Shortest lease a client may ask for.
-pub const DEFAULT_MIN_LEASE: Duration = Duration::from_secs(1);
-
-/// Longest lease a client may ask for.
-pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(15 * 60);
-
-/// Longest long poll; longer waits are shortened to it.
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
-
 /// Longest `retry_after` a Nack may ask for.
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// 3 MiB of events: with the response's framing, well under the 4 MiB that
 /// gRPC clients accept by default.
@@ -54,19 +40,4 @@ pub struct Limits {
     /// An event larger than this is dead-lettered instead of handed out; one
     /// larger than `max_claim_bytes` (and not this) goes out alone.
     pub max_message_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_batch: DEFAULT_MAX_BATCH,
-            default_lease: DEFAULT_LEASE,
-            min_lease: DEFAULT_MIN_LEASE,
-            max_lease: DEFAULT_MAX_LEASE,
-            max_wait: DEFAULT_MAX_WAIT,
-            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
-            max_claim_bytes: DEFAULT_MAX_CLAIM_BYTES,
-            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-        }
-    }
 }

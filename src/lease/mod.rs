@@ -15,11 +15,10 @@ pub use crate::backoff::BackoffPolicy;
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use limits::{
-    DEFAULT_LEASE, DEFAULT_MAX_BATCH, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_LEASE,
-    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_RETRY_AFTER, DEFAULT_MAX_WAIT, DEFAULT_MIN_LEASE,
-    Limits, MAX_CARRIED_ACKS, MAX_ERROR_CHARS,
+    DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits, MAX_CARRIED_ACKS, MAX_ERROR_CHARS,
+    MAX_RETRY_AFTER,
 };
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{
-    AckRequest, ClaimRequest, ExtendRequest, FieldViolation, NackRequest, StatsRequest, clean_error,
+    AckRequest, ClaimRequest, ExtendRequest, NackRequest, StatsRequest, clean_error,
 };

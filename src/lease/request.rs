@@ -6,23 +6,6 @@ use std::time::Duration;
 
 use super::{LeaseId, MAX_ERROR_CHARS, MessageId, OutboxName, WorkerId};
 
-/// An argument the service refuses: which one, under the caller's name for it
-/// (`message_ids[3]`), and why. [`crate::Error::InvalidArgument`] carries them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldViolation {
-    pub field: String,
-    pub description: String,
-}
-
-impl FieldViolation {
-    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            description: description.into(),
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
     pub outbox: OutboxName,
