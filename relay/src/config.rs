@@ -134,7 +134,8 @@ pub struct RelayConfig {
 
 impl RelayArgs {
     pub fn validate(&self) -> Result<RelayConfig, String> {
-        let server = url::Url::parse(&self.server)
+        // Checked here so a typo exits 64; the channel takes the text as given.
+        url::Url::parse(&self.server)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| {
@@ -163,10 +164,7 @@ impl RelayArgs {
             ),
         };
         Ok(RelayConfig {
-            server: {
-                drop(server);
-                self.server.clone()
-            },
+            server: self.server.clone(),
             outbox: self.outbox.clone(),
             broker,
             batch_size: self.batch_size,
