@@ -8,6 +8,7 @@ use crate::outbox::TableRef;
 
 const CLAIM: &str = include_str!("queries/claim.sql");
 const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
+const SETTLED: &str = include_str!("queries/settled.sql");
 const ACK: &str = include_str!("queries/ack.sql");
 const ACK_DELETE: &str = include_str!("queries/ack_delete.sql");
 const ACK_HELD: &str = include_str!("queries/ack_held.sql");
@@ -44,13 +45,20 @@ impl Statements {
         let quoted = table.quoted();
         let build =
             |sql: &str| -> Arc<str> { strip_comments(&sql.replace("{table}", &quoted)).into() };
-        let settle = |filter: &str, tail: &str| {
+        // Each settle statement: lock the rows it names, then its own change
+        // behind the shared fence; a nack also says which rows it dead-lettered,
+        // an extend the new expiry.
+        let settle = |filter: &str, change: &str, dead_lettered_now: &str, also: &str| {
+            let settled = SETTLED
+                .replace("{change}", change.trim_end())
+                .replace("{dead_lettered_now}", dead_lettered_now)
+                .replace("{also}", also);
             build(&format!(
-                "{}\n{}",
-                SETTLE_ROWS.replace("{filter}", filter),
-                tail
+                "{}\n{settled}",
+                SETTLE_ROWS.replace("{filter}", filter)
             ))
         };
+        let expires = ",\n       now() + $3::interval AS expires_at";
         Self {
             claim: build(CLAIM),
             ack_held: build(&ACK_HELD.replace(
@@ -61,10 +69,15 @@ impl Statements {
                     "UPDATE {table} AS o SET published_at = now(), locked_until = NULL"
                 },
             )),
-            ack: settle(BY_ID, if delete_on_ack { ACK_DELETE } else { ACK }),
-            nack: settle(BY_ID, NACK),
-            extend: settle(BY_ID, EXTEND),
-            extend_all: settle(BY_LEASE, EXTEND),
+            ack: settle(
+                BY_ID,
+                if delete_on_ack { ACK_DELETE } else { ACK },
+                "false",
+                "",
+            ),
+            nack: settle(BY_ID, NACK, "o.dead_lettered_at IS NOT NULL", ""),
+            extend: settle(BY_ID, EXTEND, "false", expires),
+            extend_all: settle(BY_LEASE, EXTEND, "false", expires),
             stats: build(&STATS.replace(
                 "{published_retained}",
                 "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
@@ -106,5 +119,37 @@ mod tests {
         let deleting = Statements::new(&table, true);
         assert!(deleting.ack.contains("DELETE"));
         assert!(deleting.ack_held.contains("DELETE"));
+    }
+
+    #[test]
+    fn every_settle_statement_keeps_the_fence_and_only_extend_reports_an_expiry() {
+        let table = TableRef::new("public", "outbox").expect("valid");
+        for delete_on_ack in [false, true] {
+            let s = Statements::new(&table, delete_on_ack);
+            for sql in [&s.ack, &s.nack, &s.extend, &s.extend_all] {
+                assert!(sql.contains("FOR UPDATE"), "{sql}");
+                assert!(
+                    sql.contains("c.held AND NOT c.published AND NOT c.dead_lettered"),
+                    "{sql}"
+                );
+                assert_eq!(
+                    sql.contains("expires_at"),
+                    sql.contains("$3::interval"),
+                    "{sql}"
+                );
+                // The change appears once, where the fence follows it.
+                assert_eq!(
+                    sql.matches("FROM current AS c\n").count()
+                        + sql.matches("USING current AS c\n").count(),
+                    1,
+                    "{sql}"
+                );
+            }
+            assert!(
+                s.nack
+                    .contains("o.dead_lettered_at IS NOT NULL AS dead_lettered_now")
+            );
+            assert!(s.ack.contains("false AS dead_lettered_now"));
+        }
     }
 }

@@ -2,28 +2,14 @@
 -- backoff schedule), $5 backoff schedule (seconds, index = attempt), $6 dead-letter
 -- now, $7 max attempts. Releases the lease; the row is claimable again after its
 -- delay, or dead-lettered when it has had its last attempt.
-settled AS (
-    UPDATE {table} AS o
-    SET lease_id         = NULL,
-        locked_until     = NULL,
-        last_error       = $3::text,
-        dead_lettered_at = CASE WHEN $6::bool OR o.attempts >= $7::int THEN now() END,
-        available_at     = CASE WHEN $6::bool OR o.attempts >= $7::int THEN o.available_at
-                                ELSE now() + make_interval(secs => coalesce(
-                                    $4::float8,
-                                    ($5::float8[])[greatest(1, least(o.attempts, cardinality($5::float8[])))]))
-                           END
-    FROM current AS c
-    WHERE o.id = c.id AND c.held AND NOT c.published AND NOT c.dead_lettered
-    RETURNING o.id, o.created_at, o.claimed_at, o.claimed_by, o.attempts,
-              o.headers ->> 'traceparent' AS traceparent,
-              o.headers ->> 'tracestate' AS tracestate,
-              o.dead_lettered_at IS NOT NULL AS dead_lettered_now
-)
-SELECT c.id, c.held, c.published, c.dead_lettered,
-       s.id IS NOT NULL AS applied,
-       coalesce(s.dead_lettered_now, false) AS dead_lettered_now,
-       s.created_at, s.claimed_at, s.claimed_by, s.attempts, s.traceparent, s.tracestate,
-       now() AS settled_at
+UPDATE {table} AS o
+SET lease_id         = NULL,
+    locked_until     = NULL,
+    last_error       = $3::text,
+    dead_lettered_at = CASE WHEN $6::bool OR o.attempts >= $7::int THEN now() END,
+    available_at     = CASE WHEN $6::bool OR o.attempts >= $7::int THEN o.available_at
+                            ELSE now() + make_interval(secs => coalesce(
+                                $4::float8,
+                                ($5::float8[])[greatest(1, least(o.attempts, cardinality($5::float8[])))]))
+                       END
 FROM current AS c
-LEFT JOIN settled AS s ON s.id = c.id
