@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use hdrhistogram::Histogram;
 use lapin::{Confirmation, options::BasicConsumeOptions, types::FieldTable};
-use outboxd::grpc::pb::{self, outbox_service_client::OutboxServiceClient};
+use outboxd::pb::{self, outbox_service_client::OutboxServiceClient};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use tokio::{sync::Mutex, time::Instant};
 
