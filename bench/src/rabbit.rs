@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
     options::{
-        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-        QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+        QueueDeleteOptions, QueuePurgeOptions,
     },
     types::{AMQPValue, FieldTable, LongString},
 };
+use outbox_relay::publishers::rabbitmq::topology::Topology;
 use tokio::sync::Mutex;
 
 /// A durable topic exchange with one durable queue bound to `#`.
@@ -55,33 +55,15 @@ impl Rabbit {
         let exchange = format!("outbox-bench-{suffix}");
         let queue = format!("outbox-bench-{suffix}");
         let ch = conn.create_channel().await.context("opening a channel")?;
-        ch.exchange_declare(
-            exchange.as_str().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+        Topology {
+            exchange: &exchange,
+            declare: true,
+            bind_queue: Some(&queue),
+        }
+        .declare(&ch)
         .await
-        .context("declaring the exchange")?;
-        ch.queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await
-        .context("declaring the queue")?;
-        ch.queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .context("binding the queue")?;
+        .map_err(anyhow::Error::msg)
+        .context("declaring the exchange and its queue")?;
         Ok(Self {
             exchange,
             queue,
