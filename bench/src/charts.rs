@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use plotters::{
+    coord::{
+        CoordTranslate, Shift,
+        ranged1d::{Ranged, ValueFormatter},
+    },
     prelude::*,
     style::{FontStyle, register_font},
 };
@@ -43,6 +47,69 @@ const PALETTE: [RGBColor; 5] = [
     RGBColor(0x94, 0x67, 0xbd),
 ];
 
+/// A white canvas of the charts' size, drawn into the file at `path`.
+fn canvas(path: &Path) -> anyhow::Result<DrawingArea<BitMapBackend<'_>, Shift>> {
+    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// A chart on `root` with its caption, and label areas of `(x, y)` pixels.
+fn frame<'a, 'p>(
+    root: &'a DrawingArea<BitMapBackend<'p>, Shift>,
+    caption: &str,
+    (x_area, y_area): (u32, u32),
+) -> ChartBuilder<'a, 'static, BitMapBackend<'p>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(caption, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(x_area)
+        .y_label_area_size(y_area);
+    builder
+}
+
+/// The mesh with the two axes' descriptions.
+fn axes<X, Y>(
+    chart: &mut ChartContext<'_, BitMapBackend<'_>, Cartesian2d<X, Y>>,
+    x_desc: &str,
+    y_desc: &str,
+) -> anyhow::Result<()>
+where
+    X: Ranged + ValueFormatter<X::ValueType>,
+    Y: Ranged + ValueFormatter<Y::ValueType>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    Ok(())
+}
+
+/// The legend at `position`, then the file written.
+fn finish<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    root: &DrawingArea<BitMapBackend<'a>, Shift>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(position)
+        .label_font(("sans-serif", 15))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// A line series' legend key: a short stroke in its colour.
+fn line_key(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
+}
+
 /// Draws what the results hold; returns the file names written.
 pub fn draw(out: &Path, results: &Results, _plan: &Plan) -> anyhow::Result<Vec<PathBuf>> {
     load_font()?;
@@ -66,8 +133,7 @@ pub fn draw(out: &Path, results: &Results, _plan: &Plan) -> anyhow::Result<Vec<P
 }
 
 fn throughput(path: &Path, r: &Results) -> anyhow::Result<()> {
-    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let ceiling = Spread::of(&r.ceiling).median;
     let mut top = ceiling;
     for case in &r.drain {
@@ -77,15 +143,12 @@ fn throughput(path: &Path, r: &Results) -> anyhow::Result<()> {
         }
     }
     let n = r.drain.len();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Drain throughput (median of repetitions, whiskers min–max)",
-            ("sans-serif", 22),
-        )
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..(top * 1.15).max(1.0))?;
+    let mut chart = frame(
+        &root,
+        "Drain throughput (median of repetitions, whiskers min–max)",
+        (40, 70),
+    )
+    .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..(top * 1.15).max(1.0))?;
     let names: Vec<String> = r
         .drain
         .iter()
@@ -152,22 +215,13 @@ fn throughput(path: &Path, r: &Results) -> anyhow::Result<()> {
                 CEILING.stroke_width(2),
             ))?
             .label("RabbitMQ confirm ceiling (1 client)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], CEILING.stroke_width(2)));
+            .legend(line_key(CEILING));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 15))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
 
 fn latency_cdf(path: &Path, r: &Results) -> anyhow::Result<()> {
-    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let mut lo = f64::MAX;
     let mut hi = 0f64;
     for case in &r.latency {
@@ -182,21 +236,17 @@ fn latency_cdf(path: &Path, r: &Results) -> anyhow::Result<()> {
         lo = 0.1;
     }
     let lo = (lo * 0.8).max(0.05);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Commit → delivery latency, CDF (all repetitions)",
-            ("sans-serif", 22),
-        )
-        .margin(16)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi * 1.3).log_scale(), 0f64..100f64)?;
-    chart
-        .configure_mesh()
-        .x_desc("latency, ms (log scale)")
-        .y_desc("% of events delivered within")
-        .label_style(("sans-serif", 15))
-        .draw()?;
+    let mut chart = frame(
+        &root,
+        "Commit → delivery latency, CDF (all repetitions)",
+        (45, 60),
+    )
+    .build_cartesian_2d((lo..hi * 1.3).log_scale(), 0f64..100f64)?;
+    axes(
+        &mut chart,
+        "latency, ms (log scale)",
+        "% of events delivered within",
+    )?;
     for (k, case) in r.latency.iter().enumerate() {
         if case.merged.is_empty() {
             continue;
@@ -217,24 +267,13 @@ fn latency_cdf(path: &Path, r: &Results) -> anyhow::Result<()> {
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(case.label())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
-            });
+            .legend(line_key(color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 15))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root, SeriesLabelPosition::LowerRight)
 }
 
 fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
-    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let max_h = r.scale.iter().map(|p| p.history).max().unwrap_or(1).max(1) as f64 / 1e6;
     let top = r
         .scale
@@ -242,21 +281,17 @@ fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
         .map(|p| Spread::of(&p.claim_ms).max)
         .fold(0f64, f64::max)
         .max(0.1);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "ClaimBatch(100) latency vs table size (median, whiskers min–max)",
-            ("sans-serif", 22),
-        )
-        .margin(16)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-max_h * 0.03..max_h * 1.05, 0f64..top * 1.2)?;
-    chart
-        .configure_mesh()
-        .x_desc("published history rows, millions")
-        .y_desc("ms per claim")
-        .label_style(("sans-serif", 15))
-        .draw()?;
+    let mut chart = frame(
+        &root,
+        "ClaimBatch(100) latency vs table size (median, whiskers min–max)",
+        (45, 60),
+    )
+    .build_cartesian_2d(-max_h * 0.03..max_h * 1.05, 0f64..top * 1.2)?;
+    axes(
+        &mut chart,
+        "published history rows, millions",
+        "ms per claim",
+    )?;
     let mut pendings: Vec<u64> = r
         .scale
         .iter()
@@ -296,9 +331,7 @@ fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
         chart
             .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?
             .label(label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
-            });
+            .legend(line_key(color));
         chart.draw_series(
             xy.iter()
                 .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
@@ -309,13 +342,5 @@ fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
             PathElement::new(vec![(x, s.min), (x, s.max)], color.stroke_width(1))
         }))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 15))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
