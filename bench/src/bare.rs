@@ -18,7 +18,6 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use lapin::Connection;
 use sqlx::{Connection as _, PgConnection};
 use tokio::{
     sync::{Mutex, mpsc},
@@ -26,8 +25,8 @@ use tokio::{
 };
 
 use crate::{
-    classic::{self, Settings, Shared},
-    rabbit::{self, Msg},
+    classic::{self, Settings, Shared, Worker},
+    rabbit::Msg,
 };
 
 /// Keyset read in delivery order, from the classic table's pending index:
@@ -51,7 +50,7 @@ pub async fn reader(
     let mut after = (DateTime::<Utc>::UNIX_EPOCH, uuid::Uuid::nil());
     let limit = i64::from(s.batch);
     for _ in 0..100_000_000u64 {
-        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
+        if !shared.going(&s) {
             break;
         }
         let began = Instant::now();
@@ -87,49 +86,33 @@ pub async fn reader(
     Ok(())
 }
 
-/// One worker: its own confirm channel and its own connection for the marks.
-/// A batch's mark runs beside the next batch's publish, so the worker's cycle
-/// is the broker's confirm alone.
-pub async fn worker(
-    mut db: PgConnection,
-    amqp: Arc<Connection>,
-    rx: Arc<Mutex<mpsc::Receiver<Batch>>>,
-    s: Settings,
-    shared: Arc<Shared>,
-) -> anyhow::Result<()> {
-    let ch = rabbit::confirm_channel(&amqp).await?;
+/// One bare worker: its connection for the marks. A batch's mark runs beside
+/// the next batch's publish, so the worker's cycle is the broker's confirm
+/// alone.
+pub async fn worker(w: Worker, rx: Arc<Mutex<mpsc::Receiver<Batch>>>) -> anyhow::Result<()> {
+    let Worker {
+        mut db,
+        ch,
+        s,
+        shared,
+    } = w;
     let mut unmarked: Vec<uuid::Uuid> = Vec::new();
     for _ in 0..100_000_000u64 {
-        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
+        if !shared.going(&s) {
             break;
         }
         let next = rx.lock().await.recv().await;
         let Some((ids, msgs)) = next else {
             break;
         };
-        let publish = async {
-            let began = Instant::now();
-            rabbit::publish_confirmed(&ch, &s.exchange, &msgs, Duration::from_secs(15)).await?;
-            anyhow::Ok(began.elapsed())
-        };
+        let publish = classic::publish(&ch, &s, &msgs);
         let (published, marked) = tokio::join!(publish, mark(&mut db, &unmarked, &shared));
         let (published, marked) = (published?, marked?);
-        shared
-            .publish_nanos
-            .fetch_add(classic::nanos(published), Ordering::Relaxed);
-        shared
-            .mark_nanos
-            .fetch_add(classic::nanos(marked), Ordering::Relaxed);
-        shared.sent_batches.fetch_add(1, Ordering::Relaxed);
-        shared.batches.fetch_add(1, Ordering::Relaxed);
-        shared
-            .published
-            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        shared.count_sent(msgs.len(), [Duration::ZERO, published, marked]);
         unmarked = ids;
     }
     let last = mark(&mut db, &unmarked, &shared).await;
-    let _ = db.close().await;
-    let _ = ch.close(200, "bye".into()).await;
+    classic::close(db, &ch).await;
     last.map(|_| ())
 }
 

@@ -12,9 +12,9 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use lapin::Connection;
+use lapin::{Channel, Connection};
 use sqlx::{Connection as _, PgConnection, Row as _, postgres::PgRow};
-use tokio::time::Instant;
+use tokio::{task::JoinHandle, time::Instant};
 
 use crate::rabbit::{self, Msg};
 
@@ -47,6 +47,35 @@ impl Shared {
             [&self.select_nanos, &self.publish_nanos, &self.mark_nanos]
                 .map(|t| t.load(Ordering::Relaxed) as f64 / n as f64 / 1e6)
         })
+    }
+}
+
+impl Shared {
+    /// Whether a worker may take another batch: not told to stop, and before
+    /// the deadline.
+    pub fn going(&self, s: &Settings) -> bool {
+        !self.stop.load(Ordering::Relaxed) && Instant::now() < s.deadline
+    }
+
+    /// Counts a batch of `published` messages.
+    pub fn count_batch(&self, published: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.published
+            .fetch_add(published as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a batch that carried `published` messages, with the time its
+    /// select, publish and mark took.
+    pub fn count_sent(&self, published: usize, [select, publish, mark]: [Duration; 3]) {
+        for (total, d) in [
+            (&self.select_nanos, select),
+            (&self.publish_nanos, publish),
+            (&self.mark_nanos, mark),
+        ] {
+            total.fetch_add(nanos(d), Ordering::Relaxed);
+        }
+        self.sent_batches.fetch_add(1, Ordering::Relaxed);
+        self.count_batch(published);
     }
 }
 
@@ -91,18 +120,61 @@ pub fn message(row: &PgRow) -> anyhow::Result<(uuid::Uuid, DateTime<Utc>, Msg)> 
     Ok((id, created, msg))
 }
 
-/// One worker: its own database connection and its own confirm channel on the
-/// shared AMQP connection (as outbox-relay's slots).
-pub async fn worker(
-    mut db: PgConnection,
-    amqp: Arc<Connection>,
-    s: Settings,
-    shared: Arc<Shared>,
-) -> anyhow::Result<()> {
-    let ch = rabbit::confirm_channel(&amqp).await?;
+/// What one worker of any design holds: its own database connection, its own
+/// confirm channel on the shared AMQP connection (as outbox-relay's slots),
+/// the run's settings and what the workers share.
+pub struct Worker {
+    pub db: PgConnection,
+    pub ch: Channel,
+    pub s: Settings,
+    pub shared: Arc<Shared>,
+}
+
+impl Worker {
+    /// Runs the worker `run` on a task of its own, which first opens the
+    /// worker's confirm channel.
+    pub fn spawn<F, Fut>(
+        db: PgConnection,
+        amqp: Arc<Connection>,
+        s: Settings,
+        shared: Arc<Shared>,
+        run: F,
+    ) -> JoinHandle<anyhow::Result<()>>
+    where
+        F: FnOnce(Self) -> Fut + Send + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            let ch = rabbit::confirm_channel(&amqp).await?;
+            run(Self { db, ch, s, shared }).await
+        })
+    }
+}
+
+/// Publishes a batch with confirms; returns how long that took.
+pub async fn publish(ch: &Channel, s: &Settings, msgs: &[Msg]) -> anyhow::Result<Duration> {
+    let began = Instant::now();
+    rabbit::publish_confirmed(ch, &s.exchange, msgs, Duration::from_secs(15)).await?;
+    Ok(began.elapsed())
+}
+
+/// Closes a worker's database connection and channel.
+pub async fn close(db: PgConnection, ch: &Channel) {
+    let _ = db.close().await;
+    let _ = ch.close(200, "bye".into()).await;
+}
+
+/// One classic worker, the whole batch in one transaction.
+pub async fn worker(w: Worker) -> anyhow::Result<()> {
+    let Worker {
+        mut db,
+        ch,
+        s,
+        shared,
+    } = w;
     let limit = i64::from(s.batch);
     for _ in 0..100_000_000u64 {
-        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
+        if !shared.going(&s) {
             break;
         }
         let began = Instant::now();
@@ -121,9 +193,10 @@ pub async fn worker(
         }
         if batch.is_empty() {
             tx.commit().await.context("COMMIT")?;
+            shared.count_batch(0);
         } else {
-            let publishing = Instant::now();
-            rabbit::publish_confirmed(&ch, &s.exchange, &batch, Duration::from_secs(15)).await?;
+            let selected = began.elapsed();
+            let published = publish(&ch, &s, &batch).await?;
             let marking = Instant::now();
             sqlx::query(MARK)
                 .bind(&ids)
@@ -131,27 +204,14 @@ pub async fn worker(
                 .await
                 .context("classic UPDATE published_at")?;
             tx.commit().await.context("COMMIT")?;
-            let done = Instant::now();
-            for (total, d) in [
-                (&shared.select_nanos, publishing - began),
-                (&shared.publish_nanos, marking - publishing),
-                (&shared.mark_nanos, done - marking),
-            ] {
-                total.fetch_add(nanos(d), Ordering::Relaxed);
-            }
-            shared.sent_batches.fetch_add(1, Ordering::Relaxed);
+            shared.count_sent(batch.len(), [selected, published, marking.elapsed()]);
         }
         let statements = if batch.is_empty() { 3 } else { 4 };
         shared.statements.fetch_add(statements, Ordering::Relaxed);
-        shared.batches.fetch_add(1, Ordering::Relaxed);
-        shared
-            .published
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         if batch.len() < s.batch as usize {
             tokio::time::sleep(s.poll).await;
         }
     }
-    let _ = db.close().await;
-    let _ = ch.close(200, "bye".into()).await;
+    close(db, &ch).await;
     Ok(())
 }

@@ -13,20 +13,16 @@
 //! own write on this machine, and set beside outboxd + relay it prices the
 //! service. A yardstick, not a relay: it never takes back an expired lease.
 
-use std::{
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use anyhow::Context as _;
-use lapin::Connection;
-use sqlx::{Connection as _, PgConnection};
+use sqlx::PgConnection;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::{
-    classic::{self, Settings, Shared},
-    rabbit::{self, Msg},
+    classic::{self, Settings, Shared, Worker},
+    rabbit::Msg,
 };
 
 /// Fresh rows in delivery order from the unleased index, leased for 30 s.
@@ -51,30 +47,25 @@ struct Leased {
     msgs: Vec<Msg>,
 }
 
-/// One worker: its own connection for its claims and acks, and its own confirm
-/// channel. Returns when a claim comes back empty.
-pub async fn worker(
-    mut db: PgConnection,
-    amqp: Arc<Connection>,
-    s: Settings,
-    shared: Arc<Shared>,
-) -> anyhow::Result<()> {
-    let ch = rabbit::confirm_channel(&amqp).await?;
+/// One lean worker: its connection for its claims and acks. Returns when a
+/// claim comes back empty.
+pub async fn worker(w: Worker) -> anyhow::Result<()> {
+    let Worker {
+        mut db,
+        ch,
+        s,
+        shared,
+    } = w;
     let mut next = claim(&mut db, &s, &shared).await?.0;
     let mut unacked: Option<Leased> = None;
     for _ in 0..100_000_000u64 {
-        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= s.deadline {
+        if !shared.going(&s) {
             break;
         }
         let Some(batch) = next.take() else {
             break;
         };
-        let publish = async {
-            let began = Instant::now();
-            rabbit::publish_confirmed(&ch, &s.exchange, &batch.msgs, Duration::from_secs(15))
-                .await?;
-            anyhow::Ok(began.elapsed())
-        };
+        let publish = classic::publish(&ch, &s, &batch.msgs);
         let beside = async {
             let acked = ack(&mut db, unacked.as_ref(), &shared).await?;
             let (claimed, took) = claim(&mut db, &s, &shared).await?;
@@ -82,24 +73,12 @@ pub async fn worker(
         };
         let (published, beside) = tokio::join!(publish, beside);
         let (published, (acked, claimed, took)) = (published?, beside?);
-        for (total, d) in [
-            (&shared.select_nanos, took),
-            (&shared.publish_nanos, published),
-            (&shared.mark_nanos, acked),
-        ] {
-            total.fetch_add(classic::nanos(d), Ordering::Relaxed);
-        }
-        shared.sent_batches.fetch_add(1, Ordering::Relaxed);
-        shared.batches.fetch_add(1, Ordering::Relaxed);
-        shared
-            .published
-            .fetch_add(batch.msgs.len() as u64, Ordering::Relaxed);
+        shared.count_sent(batch.msgs.len(), [took, published, acked]);
         next = claimed;
         unacked = Some(batch);
     }
     let last = ack(&mut db, unacked.as_ref(), &shared).await;
-    let _ = db.close().await;
-    let _ = ch.close(200, "bye".into()).await;
+    classic::close(db, &ch).await;
     last.map(|_| ())
 }
 

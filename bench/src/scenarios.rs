@@ -753,13 +753,14 @@ async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
         )));
     }
     for db in conns {
-        handles.push(tokio::spawn(bare::worker(
+        let rx = Arc::clone(&rx);
+        handles.push(classic::Worker::spawn(
             db,
             Arc::clone(&start.amqp),
-            Arc::clone(&rx),
             settings.clone(),
             Arc::clone(shared),
-        )));
+            move |w| bare::worker(w, rx),
+        ));
     }
     start.finish(ctx, handles).await
 }
@@ -770,12 +771,13 @@ async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Resu
     let handles = conns
         .into_iter()
         .map(|db| {
-            tokio::spawn(lean::worker(
+            classic::Worker::spawn(
                 db,
                 Arc::clone(&start.amqp),
                 start.settings.clone(),
                 Arc::clone(&start.shared),
-            ))
+                lean::worker,
+            )
         })
         .collect();
     start.finish(ctx, handles).await
@@ -950,12 +952,13 @@ async fn start_classic(
             exchange: ctx.rabbit.exchange.clone(),
             deadline,
         };
-        handles.push(tokio::spawn(classic::worker(
+        handles.push(classic::Worker::spawn(
             db,
             Arc::clone(&amqp),
             settings,
             Arc::clone(shared),
-        )));
+            classic::worker,
+        ));
     }
     Ok((amqp, handles))
 }
