@@ -90,12 +90,7 @@ pub async fn reader(
 /// the next batch's publish, so the worker's cycle is the broker's confirm
 /// alone.
 pub async fn worker(w: Worker, rx: Arc<Mutex<mpsc::Receiver<Batch>>>) -> anyhow::Result<()> {
-    let Worker {
-        mut db,
-        ch,
-        s,
-        shared,
-    } = w;
+    let (mut db, ch, s, shared) = w.into_parts();
     let mut unmarked: Vec<uuid::Uuid> = Vec::new();
     for _ in 0..100_000_000u64 {
         if !shared.going(&s) {

@@ -124,10 +124,10 @@ pub fn message(row: &PgRow) -> anyhow::Result<(uuid::Uuid, DateTime<Utc>, Msg)> 
 /// confirm channel on the shared AMQP connection (as outbox-relay's slots),
 /// the run's settings and what the workers share.
 pub struct Worker {
-    pub db: PgConnection,
-    pub ch: Channel,
-    pub s: Settings,
-    pub shared: Arc<Shared>,
+    db: PgConnection,
+    ch: Channel,
+    s: Settings,
+    shared: Arc<Shared>,
 }
 
 impl Worker {
@@ -149,6 +149,11 @@ impl Worker {
             run(Self { db, ch, s, shared }).await
         })
     }
+
+    /// The connection, channel, settings and shared counters, to use apart.
+    pub fn into_parts(self) -> (PgConnection, Channel, Settings, Arc<Shared>) {
+        (self.db, self.ch, self.s, self.shared)
+    }
 }
 
 /// Publishes a batch with confirms; returns how long that took.
@@ -166,12 +171,7 @@ pub async fn close(db: PgConnection, ch: &Channel) {
 
 /// One classic worker, the whole batch in one transaction.
 pub async fn worker(w: Worker) -> anyhow::Result<()> {
-    let Worker {
-        mut db,
-        ch,
-        s,
-        shared,
-    } = w;
+    let (mut db, ch, s, shared) = w.into_parts();
     let limit = i64::from(s.batch);
     for _ in 0..100_000_000u64 {
         if !shared.going(&s) {

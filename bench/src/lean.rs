@@ -50,12 +50,7 @@ struct Leased {
 /// One lean worker: its connection for its claims and acks. Returns when a
 /// claim comes back empty.
 pub async fn worker(w: Worker) -> anyhow::Result<()> {
-    let Worker {
-        mut db,
-        ch,
-        s,
-        shared,
-    } = w;
+    let (mut db, ch, s, shared) = w.into_parts();
     let mut next = claim(&mut db, &s, &shared).await?.0;
     let mut unacked: Option<Leased> = None;
     for _ in 0..100_000_000u64 {
