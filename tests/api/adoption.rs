@@ -175,8 +175,8 @@ async fn a_classic_outbox_table_is_adopted_and_served() {
         assert!(row.lease_id.is_none());
     }
 
-    // The application keeps inserting the classic columns only; the trigger the
-    // adoption added wakes a waiting claim.
+    // The application keeps inserting the classic columns only, with no
+    // trigger to run; outboxd notices the insert and wakes a waiting claim.
     let waiter = app.spawn_claim(crate::support::claim_request(
         "legacy",
         "w",
@@ -205,7 +205,26 @@ async fn a_classic_outbox_table_is_adopted_and_served() {
         "SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'legacy_outbox'",
     )
     .await;
-    assert_eq!(indexes, 6, "the primary key and the five outboxd indexes");
+    assert_eq!(indexes, 4, "the primary key and the three outboxd indexes");
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'public.legacy_outbox'::regclass AND NOT tgisinternal",
+        )
+        .await,
+        0,
+        "no trigger on the producers' insert path"
+    );
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) FROM pg_class WHERE oid = 'public.legacy_outbox'::regclass \
+             AND reloptions @> ARRAY['fillfactor=70']",
+        )
+        .await,
+        1,
+        "room left on each page for the acks"
+    );
 }
 
 #[tokio::test]
@@ -237,7 +256,7 @@ async fn a_second_server_adopts_the_same_table_idempotently() {
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
         )
         .await,
-        6
+        4
     );
 
     // Replicas share only the database: claim on one, settle on another.
@@ -292,7 +311,7 @@ async fn replicas_starting_together_adopt_the_table_once() {
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'legacy_outbox'"
         )
         .await,
-        6
+        4
     );
     let batch = replicas[0]
         .claim_from("legacy", "w", 10, secs(30), Duration::ZERO)
@@ -306,26 +325,36 @@ async fn replicas_starting_together_adopt_the_table_once() {
     );
 }
 
-/// Versions before the split kept one pending index in seq order; a start-up
-/// that may change the table builds the split indexes and drops the old one, a
+/// Earlier versions kept lease state on the row, with indexes over it and a
+/// wake-up trigger; a start-up that may change the table builds the pending
+/// index, drops the old indexes and the trigger, and creates the lease table. A
 /// `--no-migrate` start asks for the migration.
 #[tokio::test]
-async fn the_pending_index_of_an_earlier_version_is_replaced() {
+async fn the_lease_indexes_and_trigger_of_an_earlier_version_are_replaced() {
     let legacy_outbox = classic_outbox().await;
     let db = &legacy_outbox.db;
     let first = TestApp::spawn_on(Arc::clone(db), legacy)
         .await
         .expect("the first server adopts");
     let adopted = shape(db).await;
+    // The layout of the previous version, as its adoption left it.
     db.execute(
-        "DROP INDEX public.legacy_outbox_unleased_idx, public.legacy_outbox_leased_idx;
-         CREATE INDEX legacy_outbox_pending_idx ON public.legacy_outbox (seq)
-             WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+        "DROP INDEX public.legacy_outbox_pending_idx;
+         DROP TABLE public.legacy_outbox_leases;
+         CREATE INDEX legacy_outbox_unleased_idx ON public.legacy_outbox (seq)
+             WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL;
+         CREATE INDEX legacy_outbox_leased_idx ON public.legacy_outbox (locked_until)
+             WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NOT NULL;
+         CREATE INDEX legacy_outbox_lease_idx ON public.legacy_outbox (lease_id)
+             WHERE lease_id IS NOT NULL AND published_at IS NULL;
+         CREATE TRIGGER outboxd_notify AFTER INSERT ON public.legacy_outbox
+             REFERENCING NEW TABLE AS outboxd_new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION outboxd_notify();",
     )
     .await;
 
-    let err = refused_without_migrate(db, "a table without its claim indexes").await;
-    assert!(err.contains("legacy_outbox_unleased_idx"), "{err}");
+    let err = refused_without_migrate(db, "a table without its pending index").await;
+    assert!(err.contains("legacy_outbox_pending_idx"), "{err}");
 
     let upgraded = TestApp::spawn_on(Arc::clone(db), legacy)
         .await
@@ -345,13 +374,15 @@ async fn the_pending_index_of_an_earlier_version_is_replaced() {
     );
 }
 
-/// The migration that creates the default outbox predates the split; start-up
-/// brings that table to the current indexes too.
+/// The migration that creates the default outbox predates lease tables;
+/// start-up brings that table to the current indexes, drops its trigger and
+/// gives it a lease table.
 #[tokio::test]
-async fn the_default_outbox_has_the_split_pending_indexes() {
+async fn the_default_outbox_has_the_current_indexes_and_no_trigger() {
     let app = TestApp::spawn().await;
     let names: Vec<String> = sqlx::query_scalar(
-        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox' ORDER BY indexname",
+        "SELECT indexname::text FROM pg_indexes WHERE tablename IN ('outbox', 'outbox_leases') \
+         ORDER BY indexname",
     )
     .fetch_all(app.pool())
     .await
@@ -360,11 +391,19 @@ async fn the_default_outbox_has_the_split_pending_indexes() {
         names,
         [
             "outbox_dead_letter_idx",
-            "outbox_lease_idx",
-            "outbox_leased_idx",
+            "outbox_leases_expiry_idx",
+            "outbox_leases_lease_idx",
+            "outbox_leases_pkey",
+            "outbox_pending_idx",
             "outbox_pkey",
             "outbox_published_idx",
-            "outbox_unleased_idx",
         ]
     );
+    let triggers = app
+        .db
+        .scalar_i64(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'public.outbox'::regclass AND NOT tgisinternal",
+        )
+        .await;
+    assert_eq!(triggers, 0);
 }

@@ -12,6 +12,7 @@ mod claim;
 mod claim_bytes;
 mod edges;
 mod extend;
+mod lease_state;
 mod long_poll;
 mod nack;
 mod observability;

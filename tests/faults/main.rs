@@ -102,6 +102,34 @@ async fn database_connections_cut_and_stalled_lose_nothing() {
     drop(server);
 }
 
+/// Lease state lives in an unlogged table, which PostgreSQL empties when it
+/// recovers from a crash and which a replica promoted by failover starts
+/// without. Emptying it under load (what a crash does to it, on a database
+/// other tests share) must lose no event: every leased row is claimable again,
+/// and the acks of the leases that vanished are fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack() {
+    let case = Case::begin().await;
+    let server = Outboxd::start(&case.db.url(), free_port()).await;
+    let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
+
+    for round in 1..=4 {
+        // The fault schedule: 2 s of load between losses.
+        sleep(secs(2)).await;
+        load.sampler
+            .begin(format!("lease table emptied ({round})"))
+            .await;
+        case.db.execute("TRUNCATE outbox_leases").await;
+        load.sampler.end();
+    }
+    let figures = load.conclude(&case, "lease state lost").await;
+    assert!(
+        figures.fenced > 0,
+        "acks of vanished leases were sent, and fenced"
+    );
+    drop(server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outboxd_backends_terminated_listener_included_lose_nothing() {
     let case = Case::begin().await;

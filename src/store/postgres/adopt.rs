@@ -6,16 +6,20 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Row};
 
-use super::schema::{
-    self, OBSOLETE_INDEXES, PRODUCER_TYPES, TRIGGER_NAME, add_columns, create_table,
-    create_trigger, drop_index, service_columns,
+use super::{
+    schema::{
+        self, FILLFACTOR, OBSOLETE_INDEXES, OBSOLETE_TRIGGER, PRODUCER_TYPES, add_columns,
+        create_leases, create_table, drop_index, drop_trigger, service_columns,
+    },
+    statements::leases_table,
 };
 use crate::{outbox::TableRef, store::StoreError};
 
 /// Whether start-up may change a table or only check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdoptMode {
-    /// Create the table if absent and add missing columns, indexes and trigger.
+    /// Create the table if absent and add missing columns, indexes and the
+    /// lease table; drop what earlier releases left that costs producers.
     Create,
     /// Check only (`--no-migrate`: a migration Job owns DDL); a gap is an error.
     Verify,
@@ -187,31 +191,97 @@ async fn adopt_locked(
         }
     }
 
-    let has_function: bool =
-        sqlx::query_scalar("SELECT to_regprocedure('outboxd_notify()') IS NOT NULL")
-            .fetch_one(&mut *conn)
-            .await?;
-    if !has_function {
-        return Err(StoreError::Schema(
-            "function outboxd_notify() is missing: migrations have not run; run `outboxd migrate`"
-                .into(),
-        ));
+    let leases = leases_table(table);
+    let has_leases: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(&leases)
+        .fetch_one(&mut *conn)
+        .await?;
+    match mode {
+        // Idempotent, and cheap on the small lease table: run every start, so
+        // an index dropped by hand comes back.
+        AdoptMode::Create => {
+            if has_leases.is_none() {
+                tracing::info!(%table, leases = %leases, "creating the lease table");
+            }
+            run(conn, create_leases(table)).await?;
+        }
+        AdoptMode::Verify if has_leases.is_none() => {
+            return Err(missing_gap(format!("has no lease table {leases}")));
+        }
+        AdoptMode::Verify => {}
     }
+
+    if mode == AdoptMode::Create {
+        set_fillfactor(conn, table).await?;
+    }
+    drop_notify_trigger(conn, table, mode).await
+}
+
+/// Leaves room on each page for the ack's new row version, unless the table
+/// already has a fillfactor someone chose. Affects pages filled from now on;
+/// takes a lock that lets producers insert.
+async fn set_fillfactor(conn: &mut PgConnection, table: &TableRef) -> Result<(), StoreError> {
+    let chosen: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_class, unnest(coalesce(reloptions, '{}')) AS opt \
+         WHERE oid = $1::regclass AND opt LIKE 'fillfactor=%')",
+    )
+    .bind(table.quoted())
+    .fetch_one(&mut *conn)
+    .await?;
+    if !chosen {
+        tracing::info!(%table, fillfactor = FILLFACTOR, "adopting table: leaving room for acks on each page");
+        run(
+            conn,
+            format!(
+                "ALTER TABLE {} SET (fillfactor = {FILLFACTOR})",
+                table.quoted()
+            ),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Drops the wake-up trigger of earlier releases: it made every producer's
+/// insert run a function, and, with nobody marking the table quiet any more,
+/// notify (notifying transactions commit one at a time). Dropping it waits for
+/// a lock producers hold while they insert; when that wait times out, outboxd
+/// starts anyway and says so: the trigger slows producers but breaks nothing.
+async fn drop_notify_trigger(
+    conn: &mut PgConnection,
+    table: &TableRef,
+    mode: AdoptMode,
+) -> Result<(), StoreError> {
     let has_trigger: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)",
     )
-    .bind(&quoted)
-    .bind(TRIGGER_NAME)
+    .bind(table.quoted())
+    .bind(OBSOLETE_TRIGGER)
     .fetch_one(&mut *conn)
     .await?;
     if !has_trigger {
-        if mode == AdoptMode::Verify {
-            return Err(missing_gap(format!("lacks trigger {TRIGGER_NAME}")));
-        }
-        tracing::info!(%table, "adopting table: creating notify trigger");
-        run(conn, create_trigger(table)).await?;
+        return Ok(());
     }
-    Ok(())
+    if mode == AdoptMode::Verify {
+        tracing::warn!(%table, trigger = OBSOLETE_TRIGGER, "table still has the wake-up trigger of an earlier release, which slows producers' commits; run `outboxd migrate` to drop it");
+        return Ok(());
+    }
+    let ddl = format!(
+        "BEGIN; SET LOCAL lock_timeout = '10s'; {}; COMMIT;",
+        drop_trigger(table)
+    );
+    match run(conn, ddl).await {
+        Ok(()) => {
+            tracing::info!(%table, trigger = OBSOLETE_TRIGGER, "dropped the wake-up trigger: producers no longer notify");
+            Ok(())
+        }
+        Err(err @ StoreError::Unavailable(_)) => Err(err),
+        Err(err) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            tracing::warn!(%table, trigger = OBSOLETE_TRIGGER, error = %err, "could not drop the wake-up trigger of an earlier release (it slows producers' commits); the next start tries again");
+            Ok(())
+        }
+    }
 }
 
 /// Runs DDL built from the schema files (the table name is a quoted identifier).

@@ -19,10 +19,12 @@ use crate::{
 };
 
 /// The batch a claim statement returned: its messages in sequence order, the
-/// rows it dead-lettered, and the expired leases it took rows back from.
+/// rows it dead-lettered, and the expired leases it took rows back from. Rows
+/// another claim leased first are not part of it; `lost` counts them.
 pub(super) fn claimed_batch(
     lease_id: LeaseId,
     rows: Vec<PgRow>,
+    lost: &mut usize,
 ) -> Result<ClaimedBatch, StoreError> {
     let mut batch = ClaimedBatch {
         lease_id,
@@ -32,6 +34,10 @@ pub(super) fn claimed_batch(
         expired_leases: Vec::new(),
     };
     for row in rows {
+        if row.try_get::<bool, _>("lost")? {
+            *lost += 1;
+            continue;
+        }
         let id: Uuid = row.try_get("id")?;
         let dead: bool = row.try_get("dead_lettered")?;
         if let Some(prev) = row.try_get::<Option<Uuid>, _>("prev_lease_id")? {

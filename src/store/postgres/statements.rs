@@ -7,28 +7,30 @@ use super::strip_comments;
 use crate::outbox::TableRef;
 
 const CLAIM: &str = include_str!("queries/claim.sql");
+const CLAIM_CHECK: &str = include_str!("queries/claim_check.sql");
 const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
 const SETTLED: &str = include_str!("queries/settled.sql");
 const ACK: &str = include_str!("queries/ack.sql");
-const ACK_DELETE: &str = include_str!("queries/ack_delete.sql");
 const ACK_HELD: &str = include_str!("queries/ack_held.sql");
 const NACK: &str = include_str!("queries/nack.sql");
 const EXTEND: &str = include_str!("queries/extend.sql");
 const STATS: &str = include_str!("queries/stats.sql");
 const PURGE: &str = include_str!("queries/purge.sql");
 
-const BY_ID: &str = "id = ANY($2::uuid[])";
+const BY_ID: &str = "o.id = ANY($2::uuid[])";
 /// ExtendLease without ids: every row still held under the lease.
-const BY_LEASE: &str = "lease_id = $1::uuid AND published_at IS NULL AND dead_lettered_at IS NULL \
-                        AND cardinality($2::uuid[]) = 0";
+const BY_LEASE: &str = "l.lease_id = $1::uuid AND cardinality($2::uuid[]) = 0";
 
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
+    /// The claim's first statement: chooses and leases rows.
     pub claim: Arc<str>,
+    /// The claim's second statement, in the same transaction: drops leases
+    /// on rows settled while the first one ran.
+    pub claim_check: Arc<str>,
     /// Ack of the rows still held: the one statement of a normal ack.
     pub ack_held: Arc<str>,
-    /// Ack that locks and classifies every named row, for the ids `ack_held`
-    /// did not settle.
+    /// Classifies the ids `ack_held` did not settle.
     pub ack: Arc<str>,
     pub nack: Arc<str>,
     pub extend: Arc<str>,
@@ -43,41 +45,39 @@ impl Statements {
     /// `delete_on_ack`: zero retention, so an ack deletes the row.
     pub fn new(table: &TableRef, delete_on_ack: bool) -> Self {
         let quoted = table.quoted();
-        let build =
-            |sql: &str| -> Arc<str> { strip_comments(&sql.replace("{table}", &quoted)).into() };
-        // Each settle statement: lock the rows it names, then its own change
-        // behind the shared fence; a nack also says which rows it dead-lettered,
-        // an extend the new expiry.
-        let settle = |filter: &str, change: &str, dead_lettered_now: &str, also: &str| {
-            let settled = SETTLED
-                .replace("{change}", change.trim_end())
-                .replace("{dead_lettered_now}", dead_lettered_now)
-                .replace("{also}", also);
+        let leases = leases_table(table);
+        let build = |sql: &str| -> Arc<str> {
+            strip_comments(&sql.replace("{table}", &quoted).replace("{leases}", &leases)).into()
+        };
+        // Each settle statement: classify the rows it names, then its own
+        // change (a `settled` step, fenced by the lease row); an extend also
+        // says the new expiry.
+        let settle = |filter: &str, change: &str, also: &str| {
             build(&format!(
-                "{}\n{settled}",
-                SETTLE_ROWS.replace("{filter}", filter)
+                "{}\n{}\n{}",
+                SETTLE_ROWS.replace("{filter}", filter),
+                change.trim_end(),
+                SETTLED.replace("{also}", also)
             ))
         };
         let expires = ",\n       now() + $3::interval AS expires_at";
         Self {
             claim: build(CLAIM),
+            claim_check: build(CLAIM_CHECK),
             ack_held: build(&ACK_HELD.replace(
                 "{settle}",
                 if delete_on_ack {
-                    "DELETE FROM {table} AS o"
+                    "DELETE FROM {table} AS o USING held AS h"
                 } else {
-                    "UPDATE {table} AS o SET published_at = now(), locked_until = NULL"
+                    "UPDATE {table} AS o SET published_at = now(), attempts = h.attempts, \
+                     lease_id = $1::uuid, claimed_by = h.claimed_by, claimed_at = h.claimed_at \
+                     FROM held AS h"
                 },
             )),
-            ack: settle(
-                BY_ID,
-                if delete_on_ack { ACK_DELETE } else { ACK },
-                "false",
-                "",
-            ),
-            nack: settle(BY_ID, NACK, "o.dead_lettered_at IS NOT NULL", ""),
-            extend: settle(BY_ID, EXTEND, "false", expires),
-            extend_all: settle(BY_LEASE, EXTEND, "false", expires),
+            ack: settle(BY_ID, ACK, ""),
+            nack: settle(BY_ID, NACK, ""),
+            extend: settle(BY_ID, EXTEND, expires),
+            extend_all: settle(BY_LEASE, EXTEND, expires),
             stats: build(&STATS.replace(
                 "{published_retained}",
                 "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
@@ -88,16 +88,26 @@ impl Statements {
     }
 }
 
+/// The quoted name of `table`'s lease table (`schema/leases.sql`).
+pub(crate) fn leases_table(table: &TableRef) -> String {
+    format!(
+        "\"{}\".\"{}\"",
+        table.schema(),
+        table.object_name(LEASES_SUFFIX)
+    )
+}
+
+/// The lease table's name is the outbox table's with this suffix.
+pub(crate) const LEASES_SUFFIX: &str = "leases";
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn statements_name_the_quoted_table_and_no_placeholders() {
-        let table = TableRef::new("sales", "outbox").expect("valid");
-        let s = Statements::new(&table, false);
-        for sql in [
+    fn all(s: &Statements) -> [&Arc<str>; 10] {
+        [
             &s.claim,
+            &s.claim_check,
             &s.ack_held,
             &s.ack,
             &s.nack,
@@ -106,7 +116,14 @@ mod tests {
             &s.stats,
             &s.gauges,
             &s.purge,
-        ] {
+        ]
+    }
+
+    #[test]
+    fn statements_name_the_quoted_tables_and_no_placeholders() {
+        let table = TableRef::new("sales", "outbox").expect("valid");
+        let s = Statements::new(&table, false);
+        for sql in all(&s) {
             assert!(sql.contains("\"sales\".\"outbox\""), "{sql}");
             assert!(!sql.contains('{'), "{sql}");
             assert!(
@@ -114,40 +131,53 @@ mod tests {
                 "comment lines are stripped: {sql}"
             );
         }
-        assert!(s.ack.contains("UPDATE"));
-        assert!(s.ack_held.contains("UPDATE"));
+        assert!(s.claim.contains("\"sales\".\"outbox_leases\""));
+        assert!(s.ack_held.contains("UPDATE \"sales\".\"outbox\""));
         let deleting = Statements::new(&table, true);
-        assert!(deleting.ack.contains("DELETE"));
-        assert!(deleting.ack_held.contains("DELETE"));
+        assert!(
+            deleting
+                .ack_held
+                .contains("DELETE FROM \"sales\".\"outbox\"")
+        );
     }
 
+    /// The point of the lease table: a claim and an extend never write the
+    /// logged outbox table except to dead-letter, and nothing locks its rows.
     #[test]
-    fn every_settle_statement_keeps_the_fence_and_only_extend_reports_an_expiry() {
+    fn only_the_settles_write_the_outbox_table_and_nothing_locks_it() {
         let table = TableRef::new("public", "outbox").expect("valid");
         for delete_on_ack in [false, true] {
             let s = Statements::new(&table, delete_on_ack);
-            for sql in [&s.ack, &s.nack, &s.extend, &s.extend_all] {
-                assert!(sql.contains("FOR UPDATE"), "{sql}");
+            for sql in all(&s) {
                 assert!(
-                    sql.contains("c.held AND NOT c.published AND NOT c.dead_lettered"),
+                    !sql.contains("FOR UPDATE SKIP LOCKED")
+                        || sql.contains("FOR UPDATE OF l SKIP LOCKED"),
                     "{sql}"
                 );
-                assert_eq!(
-                    sql.contains("expires_at"),
-                    sql.contains("$3::interval"),
+                assert!(
+                    !sql.contains("FOR UPDATE\n") && !sql.contains("FOR SHARE"),
                     "{sql}"
                 );
-                // The change appears once, right before the fence.
-                let step = sql.split("settled AS (").nth(1).unwrap_or_default();
-                let change = step.split("WHERE o.id = c.id").next().unwrap_or_default();
-                let writes = change.matches("UPDATE").count() + change.matches("DELETE").count();
-                assert_eq!(writes, 1, "{sql}");
             }
-            assert!(
-                s.nack
-                    .contains("o.dead_lettered_at IS NOT NULL AS dead_lettered_now")
-            );
-            assert!(s.ack.contains("false AS dead_lettered_now"));
+            let outbox_writes = |sql: &str| {
+                sql.matches("UPDATE \"public\".\"outbox\" ").count()
+                    + sql.matches("DELETE FROM \"public\".\"outbox\" ").count()
+            };
+            assert_eq!(outbox_writes(&s.extend), 0);
+            assert_eq!(outbox_writes(&s.extend_all), 0);
+            assert_eq!(outbox_writes(&s.ack), 0);
+            assert_eq!(outbox_writes(&s.claim_check), 0);
+            // The claim writes the outbox row only in its dead-letter step.
+            assert_eq!(outbox_writes(&s.claim), 1);
+            assert!(s.claim.contains("dead_lettered_at = now()"));
+            assert_eq!(outbox_writes(&s.ack_held), 1);
+            assert_eq!(outbox_writes(&s.nack), 1);
+            // Every settle is fenced by the lease row.
+            for sql in [&s.ack_held, &s.nack, &s.extend, &s.extend_all] {
+                assert!(sql.contains("l.lease_id = $1::uuid"), "{sql}");
+            }
+            assert_eq!(s.extend.contains("expires_at"), true);
+            assert!(!s.nack.contains("expires_at"));
         }
     }
 }

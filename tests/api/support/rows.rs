@@ -65,7 +65,8 @@ impl TestApp {
 
     // ---- table state ----
 
-    /// The service columns of one row of the default outbox.
+    /// The service columns of one row of the default outbox, its lease (from
+    /// the lease table) folded in as the service sees it.
     pub async fn row(&self, id: &str) -> Row {
         self.row_in("public.outbox", id)
             .await
@@ -75,10 +76,15 @@ impl TestApp {
     pub async fn row_in(&self, table: &str, id: &str) -> Option<Row> {
         let id = Uuid::parse_str(id).expect("row ids are UUIDs");
         let sql = format!(
-            "SELECT created_at, attempts, lease_id, claimed_by, claimed_at, published_at, dead_lettered_at, \
-                    last_error, available_at, locked_until, \
-                    extract(epoch FROM locked_until - now())::float8 AS lease_left \
-             FROM {table} WHERE id = $1"
+            "SELECT o.created_at, coalesce(l.attempts, o.attempts) AS attempts, \
+                    coalesce(l.lease_id, o.lease_id) AS lease_id, \
+                    coalesce(l.claimed_by, o.claimed_by) AS claimed_by, \
+                    coalesce(l.claimed_at, o.claimed_at) AS claimed_at, \
+                    o.published_at, o.dead_lettered_at, o.last_error, o.available_at, \
+                    l.locked_until, \
+                    extract(epoch FROM l.locked_until - now())::float8 AS lease_left, \
+                    o.attempts AS row_attempts \
+             FROM {table} AS o LEFT JOIN {table}_leases AS l ON l.id = o.id WHERE o.id = $1"
         );
         sqlx::query_as::<_, Row>(AssertSqlSafe(sql))
             .bind(id)
@@ -87,11 +93,12 @@ impl TestApp {
             .expect("read an outbox row")
     }
 
-    /// Every row of `table` with every column, as text: equal snapshots mean
-    /// nothing changed.
+    /// Every row of `table` and of its lease table with every column, as
+    /// text: equal snapshots mean nothing changed.
     pub async fn snapshot(&self, table: &str) -> String {
         let sql = format!(
-            "SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.seq), '[]')::text FROM {table} AS o"
+            "SELECT (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.seq), '[]') FROM {table} AS o)::text \
+                    || (SELECT coalesce(jsonb_agg(to_jsonb(l) ORDER BY l.id), '[]') FROM {table}_leases AS l)::text"
         );
         sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
             .fetch_one(self.pool())
@@ -137,11 +144,11 @@ impl TestApp {
         .await;
     }
 
-    /// Counts UPDATE statements on `table` from now on (a statement-level trigger
-    /// fires even when no row changes), so a test can see how often the server
-    /// ran a claim: an empty claim updates nothing but still counts. A claim
-    /// joins the wake-up queue before it looks, so once its look is counted it
-    /// is waiting.
+    /// Counts INSERT statements into `table`'s lease table from now on (every
+    /// claim runs one, and a statement-level trigger fires even when no row is
+    /// inserted), so a test can see how often the server ran a claim: an empty
+    /// claim leases nothing but still counts. A claim joins the wake-up queue
+    /// before it looks, so once its look is counted it is waiting.
     pub async fn count_updates(&self, table: &str) -> UpdateCounter {
         let suffix = table.replace('.', "_");
         let sequence = format!("test_updates_{suffix}");
@@ -150,7 +157,7 @@ impl TestApp {
                 "CREATE SEQUENCE {sequence} MINVALUE 0 START 0;
                  CREATE OR REPLACE FUNCTION test_count_update() RETURNS trigger LANGUAGE plpgsql AS $$
                  BEGIN PERFORM nextval(TG_ARGV[0]::regclass); RETURN NULL; END $$;
-                 CREATE TRIGGER test_count_updates AFTER UPDATE ON {table}
+                 CREATE TRIGGER test_count_updates AFTER INSERT ON {table}_leases
                      FOR EACH STATEMENT EXECUTE FUNCTION test_count_update('{sequence}');"
             ))
             .await;
@@ -169,7 +176,7 @@ pub struct UpdateCounter {
 }
 
 impl UpdateCounter {
-    /// UPDATE statements run on the table so far (sequences are not
+    /// Claim statements run on the table so far (sequences are not
     /// transactional, so statements still in flight count too).
     pub async fn get(&self) -> i64 {
         let sql = format!(
@@ -198,6 +205,9 @@ pub struct Row {
     pub locked_until: Option<DateTime<Utc>>,
     /// Seconds until the lease expires (negative: expired; `None`: no lease).
     pub lease_left: Option<f64>,
+    /// The count of attempts the outbox row itself holds: written when a lease
+    /// ends (ack, nack, dead-lettering), not by a claim.
+    pub row_attempts: i32,
 }
 
 /// A plain event into `public.outbox` on `conn`, in whatever transaction

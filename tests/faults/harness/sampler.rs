@@ -34,8 +34,8 @@ pub struct Sampler {
 /// Adds the rows under a live lease to the exposed ones.
 async fn sample(pool: &PgPool, history: &History) {
     let leased: Vec<String> = sqlx::query_scalar(
-        "SELECT id::text FROM outbox
-         WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until > now()",
+        "SELECT o.id::text FROM outbox AS o JOIN outbox_leases AS l ON l.id = o.id
+         WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL AND l.locked_until > now()",
     )
     .fetch_all(pool)
     .await

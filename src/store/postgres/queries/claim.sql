@@ -1,54 +1,61 @@
--- Leases up to $1 claimable rows in one autocommit statement.
+-- Leases up to $1 claimable rows: the first statement of a claim's transaction
+-- (claim_check.sql is the second). It writes the lease table only ({leases},
+-- unlogged): no WAL, no index of the outbox table changes. The outbox row is
+-- written only to dead-letter it.
 -- $1 batch size, $2 lease id, $3 lease duration, $4 worker id, $5 max attempts,
 -- $6 byte budget of the batch, $7 largest event handed out at all (bytes).
 --
 -- A row past max attempts is dead-lettered instead of handed out, so a worker
 -- that crashes on a poison message cannot loop on it forever. The previous lease
 -- (if it expired unsettled) comes back too, so its lease span can be closed.
+-- `delivered` is how many deliveries the row had: its expired lease's count,
+-- else the row's own (written at its last ack, nack or dead-lettering).
 --
--- Expired leases come first, oldest expiry first: they have waited longest. Each
--- part reads only its own partial index, so leases in flight cost a claim
--- nothing, and fresh rows are taken in seq order.
+-- Expired leases come first, oldest expiry first: they have waited longest.
+-- Fresh rows are taken in seq order, past the rows under a lease.
 WITH expired AS (
-    SELECT id,
-           0 AS part, locked_until AS after, seq,
-           payload::text AS payload_text,
-           octet_length(headers::text) + octet_length(event_type)
-               + octet_length(aggregate_id::text) AS other_bytes,
-           lease_id   AS prev_lease_id,
-           claimed_by AS prev_claimed_by,
-           claimed_at AS prev_claimed_at,
-           locked_until AS prev_locked_until
-    FROM {table}
-    WHERE published_at IS NULL
-      AND dead_lettered_at IS NULL
-      AND locked_until IS NOT NULL
-      AND locked_until <= now()
-      AND available_at <= now()
-    ORDER BY locked_until
+    SELECT o.id,
+           0 AS part, l.locked_until AS after, o.seq,
+           o.aggregate_id::text AS aggregate_id, o.event_type, o.headers, o.created_at,
+           o.payload::text AS payload_text,
+           octet_length(o.headers::text) + octet_length(o.event_type)
+               + octet_length(o.aggregate_id::text) AS other_bytes,
+           l.attempts     AS delivered,
+           l.lease_id     AS prev_lease_id,
+           l.claimed_by   AS prev_claimed_by,
+           l.claimed_at   AS prev_claimed_at,
+           l.locked_until AS prev_locked_until
+    FROM {leases} AS l
+    JOIN {table} AS o ON o.id = l.id
+    WHERE l.locked_until <= now()
+      AND o.published_at IS NULL
+      AND o.dead_lettered_at IS NULL
+      AND o.available_at <= now()
+    ORDER BY l.locked_until
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF l SKIP LOCKED
 ),
 fresh AS (
-    SELECT id,
-           1 AS part, NULL::timestamptz AS after, seq,
-           payload::text AS payload_text,
-           octet_length(headers::text) + octet_length(event_type)
-               + octet_length(aggregate_id::text) AS other_bytes,
-           lease_id   AS prev_lease_id,
-           claimed_by AS prev_claimed_by,
-           claimed_at AS prev_claimed_at,
-           locked_until AS prev_locked_until
-    FROM {table}
-    WHERE published_at IS NULL
-      AND dead_lettered_at IS NULL
-      AND locked_until IS NULL
-      AND available_at <= now()
-    ORDER BY seq
+    SELECT o.id,
+           1 AS part, NULL::timestamptz AS after, o.seq,
+           o.aggregate_id::text AS aggregate_id, o.event_type, o.headers, o.created_at,
+           o.payload::text AS payload_text,
+           octet_length(o.headers::text) + octet_length(o.event_type)
+               + octet_length(o.aggregate_id::text) AS other_bytes,
+           o.attempts           AS delivered,
+           NULL::uuid           AS prev_lease_id,
+           NULL::text           AS prev_claimed_by,
+           NULL::timestamptz    AS prev_claimed_at,
+           NULL::timestamptz    AS prev_locked_until
+    FROM {table} AS o
+    WHERE o.published_at IS NULL
+      AND o.dead_lettered_at IS NULL
+      AND o.available_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM {leases} AS l WHERE l.id = o.id)
+    ORDER BY o.seq
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
 ),
--- CTEs run only as far as they are read: fresh rows are locked only to fill
+-- CTEs run only as far as they are read: fresh rows are read only to fill
 -- what the expired leases left of the batch. Every LIMIT is the plain $1 so the
 -- planner knows the batch is small (an unknown limit chose a hash join over a
 -- sequential scan of the whole table).
@@ -78,34 +85,75 @@ sized AS (
     FROM measured AS c
 ),
 chosen AS (
-    SELECT * FROM sized
-    WHERE oversized OR running <= $6 OR fitting = 1
+    SELECT s.*, s.oversized OR s.delivered >= $5 AS dead
+    FROM sized AS s
+    WHERE s.oversized OR s.running <= $6 OR s.fitting = 1
+),
+renewed AS (
+    UPDATE {leases} AS l
+    SET lease_id     = $2::uuid,
+        locked_until = now() + $3::interval,
+        claimed_by   = $4::text,
+        claimed_at   = now(),
+        attempts     = c.delivered + 1
+    FROM chosen AS c
+    WHERE l.id = c.id AND c.part = 0 AND NOT c.dead
+    RETURNING l.id, l.attempts, l.locked_until
+),
+-- A fresh row another claim leased after this statement's snapshot is left to
+-- it (the insert waits for that claim's transaction, then skips the row).
+taken AS (
+    INSERT INTO {leases} AS l (id, lease_id, locked_until, claimed_by, claimed_at, attempts)
+    SELECT c.id, $2::uuid, now() + $3::interval, $4::text, now(), c.delivered + 1
+    FROM chosen AS c
+    WHERE c.part = 1 AND NOT c.dead
+    ON CONFLICT (id) DO NOTHING
+    RETURNING l.id, l.attempts, l.locked_until
+),
+released AS (
+    DELETE FROM {leases} AS l
+    USING chosen AS c
+    WHERE l.id = c.id AND c.part = 0 AND c.dead
+),
+buried AS (
+    UPDATE {table} AS o
+    SET attempts         = c.delivered,
+        dead_lettered_at = now(),
+        lease_id         = NULL,
+        locked_until     = NULL,
+        last_error       = CASE WHEN c.oversized
+                                THEN format('event is %s bytes, over the %s-byte limit (--max-message-bytes); dead-lettered without delivery', c.bytes, $7)
+                                ELSE 'max attempts reached; last error: ' || coalesce(o.last_error, 'lease expired')
+                           END
+    FROM chosen AS c
+    WHERE o.id = c.id AND c.dead
+      AND o.published_at IS NULL AND o.dead_lettered_at IS NULL
+    RETURNING o.id, o.attempts
+),
+outcome AS (
+    SELECT id, attempts, locked_until, false AS dead_lettered FROM renewed
+    UNION ALL
+    SELECT id, attempts, locked_until, false AS dead_lettered FROM taken
+    UNION ALL
+    SELECT id, attempts, NULL::timestamptz AS locked_until, true AS dead_lettered FROM buried
 )
-UPDATE {table} AS o
-SET attempts         = CASE WHEN c.oversized OR o.attempts >= $5 THEN o.attempts ELSE o.attempts + 1 END,
-    lease_id         = CASE WHEN c.oversized OR o.attempts >= $5 THEN NULL ELSE $2::uuid END,
-    locked_until     = CASE WHEN c.oversized OR o.attempts >= $5 THEN NULL ELSE now() + $3::interval END,
-    claimed_by       = CASE WHEN c.oversized OR o.attempts >= $5 THEN o.claimed_by ELSE $4::text END,
-    claimed_at       = CASE WHEN c.oversized OR o.attempts >= $5 THEN o.claimed_at ELSE now() END,
-    dead_lettered_at = CASE WHEN c.oversized OR o.attempts >= $5 THEN now() END,
-    last_error       = CASE WHEN c.oversized
-                            THEN format('event is %s bytes, over the %s-byte limit (--max-message-bytes); dead-lettered without delivery', c.bytes, $7)
-                            WHEN o.attempts >= $5
-                            THEN 'max attempts reached; last error: ' || coalesce(o.last_error, 'lease expired')
-                            ELSE o.last_error END
+-- Every chosen row comes back; `lost` marks a fresh one another claim leased
+-- first, so the caller can tell a batch cut short by a concurrent claim from a
+-- table with nothing more to give.
+SELECT c.id,
+       r.id IS NULL AS lost,
+       c.aggregate_id,
+       c.event_type,
+       c.payload_text AS payload,
+       c.headers,
+       c.created_at,
+       r.attempts,
+       c.seq,
+       r.locked_until,
+       coalesce(r.dead_lettered, false) AS dead_lettered,
+       c.prev_lease_id,
+       c.prev_claimed_by,
+       c.prev_claimed_at,
+       c.prev_locked_until
 FROM chosen AS c
-WHERE o.id = c.id
-RETURNING o.id,
-          o.aggregate_id::text AS aggregate_id,
-          o.event_type,
-          c.payload_text AS payload,
-          o.headers,
-          o.created_at,
-          o.attempts,
-          o.seq,
-          o.locked_until,
-          o.dead_lettered_at IS NOT NULL AS dead_lettered,
-          c.prev_lease_id,
-          c.prev_claimed_by,
-          c.prev_claimed_at,
-          c.prev_locked_until
+LEFT JOIN outcome AS r ON r.id = c.id

@@ -1,13 +1,11 @@
 -- Retention: deletes at most $2 published rows older than $1, oldest first. Small
--- batches keep each statement short; SKIP LOCKED never waits on a settle.
-WITH doomed AS (
+-- batches keep each statement short. No row lock before the delete (a lock
+-- would be one more WAL record per row): a replica purging the same rows at
+-- the same time waits for this delete and then finds them gone.
+DELETE FROM {table} AS o
+WHERE o.id IN (
     SELECT id
     FROM {table}
     WHERE published_at IS NOT NULL AND published_at < now() - $1::interval
     ORDER BY published_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {table} AS o
-USING doomed AS d
-WHERE o.id = d.id
+    LIMIT $2)

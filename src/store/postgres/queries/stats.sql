@@ -1,17 +1,14 @@
--- One pass over the pending rows, read through the two partial indexes that hold
--- them (unleased and leased), plus the history counts.
+-- One pass over the pending rows, read through the pending index, with their
+-- leases, plus the history counts.
 -- {published_retained} counts published rows for GetStats; the metrics sampler,
 -- which runs every few seconds, skips that scan of the retained history.
 -- Ages are by the database clock. A row waiting out a nack backoff is not
 -- counted in the oldest pending age: nothing is stuck while it waits.
 WITH pending AS (
-    SELECT created_at, available_at, locked_until, claimed_at
-    FROM {table}
-    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL
-    UNION ALL
-    SELECT created_at, available_at, locked_until, claimed_at
-    FROM {table}
-    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NOT NULL
+    SELECT o.created_at, o.available_at, l.locked_until, l.claimed_at
+    FROM {table} AS o
+    LEFT JOIN {leases} AS l ON l.id = o.id
+    WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL
 )
 SELECT count(*) AS pending,
        count(*) FILTER (WHERE locked_until > now()) AS in_flight,

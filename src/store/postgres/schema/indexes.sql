@@ -3,22 +3,15 @@
 -- for a long table name); adoption builds the missing ones CONCURRENTLY, so
 -- producers keep inserting while a large table is indexed.
 --
--- Pending rows are split by lease so that a claim never walks past rows it
--- cannot take: fresh and released rows in delivery order, leased rows by
--- expiry (a claim reads only the expired ones). One pending index in seq order
--- made every claim heap-fetch every lease in flight ahead of the first free row.
--- Each event still costs the same index writes: a row moves from the first to
--- the second when claimed and leaves both when settled.
+-- No index reads the lease columns: lease state lives in the lease table
+-- (leases.sql), so a claim changes no index here. An event costs one entry in
+-- the pending index when inserted and, when acked, one in the primary key and
+-- one in the published index (the new row version; no index can be skipped
+-- because published_at is in the pending index's predicate).
 
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {unleased_idx} ON {table}
-    (seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NULL;
-
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {leased_idx} ON {table}
-    (locked_until) WHERE published_at IS NULL AND dead_lettered_at IS NULL AND locked_until IS NOT NULL;
-
--- ExtendLease without ids finds a lease's rows here.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {lease_idx} ON {table}
-    (lease_id) WHERE lease_id IS NOT NULL AND published_at IS NULL;
+-- Claims read pending rows in delivery order, however much history is kept.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {pending_idx} ON {table}
+    (seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL;
 
 -- Retention deletes the oldest published rows in bounded batches.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {published_idx} ON {table}

@@ -1,0 +1,23 @@
+-- Lease state, one row per leased outbox row, kept apart from the outbox table:
+-- UNLOGGED, so a claim or an ExtendLease writes no WAL and changes no index of
+-- the outbox table. Losing it is harmless: PostgreSQL empties an unlogged
+-- table after a crash, and a replica promoted by failover starts with it empty;
+-- every row is then claimable again (at-least-once), and an ack under a lease
+-- that is gone is fenced as LEASE_LOST.
+--
+-- attempts counts deliveries, this lease's included, since the outbox row's
+-- own count was last written (ack, nack and dead-lettering copy it there).
+CREATE UNLOGGED TABLE IF NOT EXISTS {leases} (
+    id           uuid        PRIMARY KEY,
+    lease_id     uuid        NOT NULL,
+    locked_until timestamptz NOT NULL,
+    claimed_by   text        NOT NULL,
+    claimed_at   timestamptz NOT NULL,
+    attempts     integer     NOT NULL
+);
+
+-- Ack, Nack and ExtendLease find a lease's rows here.
+CREATE INDEX IF NOT EXISTS {leases_lease_idx} ON {leases} (lease_id);
+
+-- A claim takes expired leases first, oldest expiry first.
+CREATE INDEX IF NOT EXISTS {leases_expiry_idx} ON {leases} (locked_until);
