@@ -176,7 +176,7 @@ mod tests {
             for sql in [&s.ack_held, &s.nack, &s.extend, &s.extend_all] {
                 assert!(sql.contains("l.lease_id = $1::uuid"), "{sql}");
             }
-            assert_eq!(s.extend.contains("expires_at"), true);
+            assert!(s.extend.contains("expires_at"));
             assert!(!s.nack.contains("expires_at"));
         }
     }
