@@ -828,7 +828,8 @@ mod tests {
             }],
             ..Results::default()
         };
-        let c = find(&checks(&plan(), &r), "(draining)");
+        let all = checks(&plan(), &r);
+        let c = find(&all, "(draining)");
         // Ratios 0.95, 0.875, 0.83: median 0.875.
         assert_eq!(c.pass, Some(false), "{c:?}");
         assert!(c.measured.starts_with("0.88 [0.83–0.95]×"), "{c:?}");
