@@ -38,7 +38,6 @@ fn load_font() -> anyhow::Result<()> {
 
 const CLASSIC: RGBColor = RGBColor(0x9e, 0x9e, 0x9e);
 const OUTBOXD: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
-const CEILING: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 const PALETTE: [RGBColor; 5] = [
     OUTBOXD,
     RGBColor(0xff, 0x7f, 0x0e),
@@ -134,8 +133,7 @@ pub fn draw(out: &Path, results: &Results, _plan: &Plan) -> anyhow::Result<Vec<P
 
 fn throughput(path: &Path, r: &Results) -> anyhow::Result<()> {
     let root = canvas(path)?;
-    let ceiling = Spread::of(&r.ceiling).median;
-    let mut top = ceiling;
+    let mut top = 0f64;
     for case in &r.drain {
         for runs in [&case.classic, &case.outboxd] {
             let v: Vec<f64> = runs.iter().map(|x| x.events_per_sec).collect();
@@ -208,15 +206,6 @@ fn throughput(path: &Path, r: &Results) -> anyhow::Result<()> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
         chart.draw_series(whiskers)?;
     }
-    if ceiling > 0.0 {
-        chart
-            .draw_series(LineSeries::new(
-                vec![(-0.5, ceiling), (n as f64 - 0.5, ceiling)],
-                CEILING.stroke_width(2),
-            ))?
-            .label("RabbitMQ confirm ceiling (1 client)")
-            .legend(line_key(CEILING));
-    }
     finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
 
@@ -278,18 +267,18 @@ fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
     let top = r
         .scale
         .iter()
-        .map(|p| Spread::of(&p.claim_ms).max)
+        .map(|p| Spread::of(&p.claim_ms).max.max(Spread::of(&p.empty_ms).max))
         .fold(0f64, f64::max)
         .max(0.1);
     let mut chart = frame(
         &root,
-        "ClaimBatch(100) latency vs table size (median, whiskers min–max)",
+        "ClaimBatch(100): empty table vs history (median, whiskers min–max)",
         (45, 60),
     )
     .build_cartesian_2d(-max_h * 0.03..max_h * 1.05, 0f64..top * 1.2)?;
     axes(
         &mut chart,
-        "published history rows, millions",
+        "published history rows, millions (at 0: the empty table claimed beside each point)",
         "ms per claim",
     )?;
     let mut pendings: Vec<u64> = r
@@ -322,25 +311,32 @@ fn claim_latency(path: &Path, r: &Results) -> anyhow::Result<()> {
             leased.clone(),
         ));
     }
+    // Each point is a segment from the empty table claimed beside it (no
+    // history, at 0) to its own history.
     for (k, (label, pts)) in series.iter().enumerate() {
         let color = PALETTE[k % PALETTE.len()];
-        let xy: Vec<(f64, f64)> = pts
-            .iter()
-            .map(|p| (p.history as f64 / 1e6, Spread::of(&p.claim_ms).median))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?
-            .label(label.clone())
-            .legend(line_key(color));
-        chart.draw_series(
-            xy.iter()
-                .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
-        )?;
-        chart.draw_series(pts.iter().map(|p| {
-            let s = Spread::of(&p.claim_ms);
-            let x = p.history as f64 / 1e6;
-            PathElement::new(vec![(x, s.min), (x, s.max)], color.stroke_width(1))
-        }))?;
+        for (n, p) in pts.iter().enumerate() {
+            let marks = [
+                (0.0, p.empty_ms.as_slice()),
+                (p.history as f64 / 1e6, p.claim_ms.as_slice()),
+            ];
+            let xy: Vec<(f64, f64)> = marks
+                .iter()
+                .map(|&(x, ms)| (x, Spread::of(ms).median))
+                .collect();
+            let line = chart.draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?;
+            if n == 0 {
+                line.label(label.clone()).legend(line_key(color));
+            }
+            chart.draw_series(
+                xy.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+            )?;
+            chart.draw_series(marks.iter().map(|&(x, ms)| {
+                let s = Spread::of(ms);
+                PathElement::new(vec![(x, s.min), (x, s.max)], color.stroke_width(1))
+            }))?;
+        }
     }
     finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }

@@ -54,18 +54,6 @@ pub async fn connect_relay(url: &str) -> anyhow::Result<PgConnection> {
     .await
 }
 
-/// A yardstick relay's connection (the bare or the lean lease relay): plans as
-/// the classic relay's, and commits without waiting for the WAL flush, as
-/// outboxd does, so its statements cost the least they can.
-pub async fn connect_yardstick(url: &str, application_name: &str) -> anyhow::Result<PgConnection> {
-    connect_as(
-        url,
-        application_name,
-        &[("enable_seqscan", "off"), ("synchronous_commit", "off")],
-    )
-    .await
-}
-
 async fn connect_as(
     url: &str,
     application_name: &str,
@@ -157,7 +145,7 @@ const PAYLOAD_SQL: &str = "jsonb_build_object('n', g, 'order_id', md5(g::text)::
      'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 997), \
      'qty', 1 + g % 5, 'price_cents', (g * 13) % 10000)), 'note', repeat('x', 60))";
 
-/// The same payload built in Rust, for the steady-load producer and the ceiling.
+/// The same payload built in Rust, for the producers.
 pub fn payload(n: u64) -> String {
     let order = uuid::Uuid::new_v4();
     let customer = uuid::Uuid::from_u128(u128::from(n % 5000) * 0x9e37_79b9_7f4a_7c15);
@@ -187,18 +175,43 @@ CREATE INDEX outbox_unpublished_idx ON outbox (created_at) WHERE published_at IS
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// outboxd's table (text aggregate id, service columns, notify trigger).
+    /// outboxd's table (text aggregate id, service columns).
     Outboxd,
     /// The classic table.
     Classic,
 }
 
-/// Empties the outbox table.
+/// outboxd's lease table beside `outbox` (#32): UNLOGGED, one row per leased
+/// outbox row, named after the outbox table.
+pub const LEASES: &str = "outbox_leases";
+
+/// Whether the connection's `outbox` has outboxd's lease table beside it (the
+/// classic table never has; outboxd's has since #32, once outboxd adopted it).
+pub async fn has_leases(conn: &mut PgConnection) -> anyhow::Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(LEASES)
+        .fetch_one(&mut *conn)
+        .await
+        .context("looking for the lease table")
+}
+
+/// The tables a statement on the outbox covers: `outbox`, and its lease
+/// table when it has one.
+async fn tables(conn: &mut PgConnection) -> anyhow::Result<String> {
+    Ok(if has_leases(conn).await? {
+        format!("outbox, {LEASES}")
+    } else {
+        "outbox".to_owned()
+    })
+}
+
+/// Empties the outbox table (and its leases).
 pub async fn truncate(conn: &mut PgConnection) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE outbox")
+    let sql = format!("TRUNCATE {}", tables(conn).await?);
+    sqlx::raw_sql(AssertSqlSafe(sql.clone()))
         .execute(&mut *conn)
         .await
-        .context("TRUNCATE outbox")?;
+        .context(sql)?;
     Ok(())
 }
 
@@ -307,10 +320,11 @@ pub async fn fill_history(conn: &mut PgConnection, first: u64, count: u64) -> an
 }
 
 pub async fn vacuum_analyze(conn: &mut PgConnection) -> anyhow::Result<()> {
-    sqlx::raw_sql("VACUUM ANALYZE outbox")
+    let sql = format!("VACUUM ANALYZE {}", tables(conn).await?);
+    sqlx::raw_sql(AssertSqlSafe(sql.clone()))
         .execute(&mut *conn)
         .await
-        .context("VACUUM ANALYZE outbox")?;
+        .context(sql)?;
     Ok(())
 }
 

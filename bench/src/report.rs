@@ -8,7 +8,7 @@ use crate::{
     cpu::Component,
     db::LeaseStages,
     machine::Machine,
-    scenarios::{Cycle, DrainCase, DrainRun, Results, ScalePoint},
+    scenarios::{Cycle, DrainCase, DrainRun, PRODUCERS, Results, ScalePoint},
     stats::Spread,
 };
 
@@ -25,18 +25,29 @@ fn rates(runs: &[DrainRun]) -> Vec<f64> {
     runs.iter().map(|r| r.events_per_sec).collect()
 }
 
-/// contender / classic per repetition (they ran back to back in the same repetition).
-fn ratios(case: &DrainCase) -> Vec<f64> {
+/// outboxd / classic of `f` per repetition (the two designs ran back to back
+/// in the same repetition).
+fn paired(case: &DrainCase, f: impl Fn(&DrainRun) -> f64) -> Vec<f64> {
     case.outboxd
         .iter()
         .zip(&case.classic)
-        .map(|(o, c)| o.events_per_sec / c.events_per_sec)
+        .map(|(o, c)| f(o) / f(c))
         .collect()
 }
 
-/// A drain rate as a fraction of the confirm ceiling (0 without a ceiling).
-fn ceiling_share(rate: f64, ceiling: f64) -> f64 {
-    if ceiling > 0.0 { rate / ceiling } else { 0.0 }
+/// Drain throughput, outboxd / classic per repetition.
+fn ratios(case: &DrainCase) -> Vec<f64> {
+    paired(case, |x| x.events_per_sec)
+}
+
+/// WAL bytes per published event of a drain.
+fn wal_per_event(x: &DrainRun) -> f64 {
+    x.wal_per_event
+}
+
+/// PostgreSQL's CPU seconds per 100 000 published events of a drain.
+fn postgres_per100k(x: &DrainRun) -> f64 {
+    x.machine.of(Component::Postgres) / events(x) * 100_000.0
 }
 
 /// "1.04× (4.92 vs 4.71 ms)": a point against the empty table claimed beside it.
@@ -69,46 +80,74 @@ fn case_name(c: &DrainCase) -> String {
     )
 }
 
+/// A drain cost target: outboxd's `f` at most `limit` × the classic relay's,
+/// on the median of the per-repetition ratios.
+fn cost_check(
+    case: &DrainCase,
+    what: &str,
+    limit: f64,
+    f: fn(&DrainRun) -> f64,
+    unit: &str,
+    digits: usize,
+    judge: impl Fn(bool) -> Option<bool>,
+) -> Check {
+    let ratio = Spread::of(&paired(case, f));
+    Check {
+        target: format!(
+            "{what} ≤ {limit:.2}× the classic relay's ({})",
+            case_name(case)
+        ),
+        measured: format!(
+            "{}× ({:.digits$} vs {:.digits$} {unit})",
+            ratio.show(2),
+            median_of(&case.outboxd, f),
+            median_of(&case.classic, f),
+        ),
+        pass: judge(ratio.median <= limit),
+    }
+}
+
+/// The targets of issue #32, in its order: WAL and PostgreSQL CPU per event in
+/// each drain shape, producer commits/s in each mode, latency, claims.
 pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
     let judge = |ok: bool| if plan.quick { None } else { Some(ok) };
     let mut out = Vec::new();
-    let ceiling = Spread::of(&r.ceiling);
     for case in &r.drain {
-        let ratio = Spread::of(&ratios(case));
-        let bare = Spread::of(&rates(&case.bare)).median;
-        let classic = Spread::of(&rates(&case.classic)).median;
-        let lean = lean_rate(case);
-        let yardstick = match (bare > 0.0, lean > 0.0, classic > 0.0) {
-            (true, true, true) => format!(
-                " (the bare relay {:.2}×, the lean lease relay {:.2}×)",
-                bare / classic,
-                lean / classic
-            ),
-            (true, false, true) => format!(" (the bare relay {:.2}×)", bare / classic),
-            _ => String::new(),
-        };
-        out.push(Check {
-            target: format!("drain ≥ 1.2× classic ({})", case_name(case)),
-            measured: format!("{}×{yardstick}", ratio.show(2)),
-            pass: judge(ratio.median >= 1.2),
-        });
+        out.push(cost_check(
+            case,
+            "WAL bytes per published event",
+            1.05,
+            wal_per_event,
+            "bytes/ev",
+            0,
+            judge,
+        ));
     }
     for case in &r.drain {
-        let o = Spread::of(&rates(&case.outboxd));
-        let share = ceiling_share(o.median, ceiling.median);
+        out.push(cost_check(
+            case,
+            "PostgreSQL CPU per event",
+            1.0,
+            postgres_per100k,
+            "CPU s /100k ev",
+            2,
+            judge,
+        ));
+    }
+    for case in &r.producer {
+        let ratio = Spread::of(&case.ratios());
         out.push(Check {
-            target: format!("drain ≥ 80 % of confirm ceiling ({})", case_name(case)),
-            measured: format!(
-                "{:.0} % ({:.0} of {:.0} ev/s; the classic relay {:.0} %; the bare relay {:.0} %; the lean lease relay {:.0} %; the broker alone at this shape {:.0} %)",
-                share * 100.0,
-                o.median,
-                ceiling.median,
-                ceiling_share(Spread::of(&rates(&case.classic)).median, ceiling.median) * 100.0,
-                ceiling_share(Spread::of(&rates(&case.bare)).median, ceiling.median) * 100.0,
-                ceiling_share(lean_rate(case), ceiling.median) * 100.0,
-                ceiling_share(Spread::of(&case.broker_alone).median, ceiling.median) * 100.0
+            target: format!(
+                "producer commits/s into outboxd's table ≥ 0.9× the classic table's ({})",
+                case.mode.label()
             ),
-            pass: judge(share >= 0.8),
+            measured: format!(
+                "{}× ({:.0} vs {:.0} commits/s)",
+                ratio.show(2),
+                Spread::of(&case.outboxd).median,
+                Spread::of(&case.classic).median
+            ),
+            pass: judge(ratio.median >= 0.9),
         });
     }
     if let Some(lp) = r.latency.iter().find(|c| c.poll_ms.is_none()) {
@@ -150,18 +189,6 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
                 pass: judge(p.vs_empty() <= 2.0),
             });
         }
-    }
-    if !r.drain.is_empty() {
-        let worst = r
-            .drain
-            .iter()
-            .flat_map(|c| c.outboxd.iter().map(|x| x.xacts_per_event))
-            .fold(0f64, f64::max);
-        out.push(Check {
-            target: "≤ 1 DB statement per event (outboxd, worst drain run)".into(),
-            measured: format!("{worst:.4} transactions (= statements) per event"),
-            pass: judge(worst <= 1.0),
-        });
     }
     out
 }
@@ -254,9 +281,11 @@ pub fn render(
     if !r.drain.is_empty() {
         drain_section(&mut s, plan, r);
     }
+    if !r.producer.is_empty() {
+        producer_section(&mut s, plan, r);
+    }
     if !r.latency.is_empty() {
         latency_section(&mut s, plan, r);
-        producer_section(&mut s, r);
     }
     if !r.scale.is_empty() {
         scale_section(&mut s, plan, r);
@@ -268,7 +297,7 @@ pub fn render(
     let _ = writeln!(s, "## Commands\n");
     let _ = writeln!(
         s,
-        "```sh\ncargo build --release --bins\n{}\n```\n",
+        "```sh\ncargo build --release --workspace --bins\n{}\n```\n",
         m.command
     );
     let _ = writeln!(
@@ -288,10 +317,9 @@ pub fn render(
             }
         }
     }
-    let notes = observations(plan, r);
-    if !notes.is_empty() || !r.notes.is_empty() {
+    if !r.notes.is_empty() {
         let _ = writeln!(s, "## Observations (computed from this run)\n");
-        for note in notes.iter().chain(&r.notes) {
+        for note in &r.notes {
             let _ = writeln!(s, "- {note}");
         }
         s.push('\n');
@@ -299,370 +327,64 @@ pub fn render(
     s
 }
 
-/// Facts the figures imply, stated where the run shows them.
-fn observations(plan: &Plan, r: &Results) -> Vec<String> {
-    let mut out = Vec::new();
-    let ceiling = Spread::of(&r.ceiling).median;
-    for case in &r.drain {
-        let classic = Spread::of(&rates(&case.classic)).median;
-        if ceiling > 0.0 && classic * 1.2 > ceiling {
-            out.push(format!(
-                "Drain, {}: the classic relay already reaches {:.0} % of the one-client confirm ceiling \
-                 ({classic:.0} of {ceiling:.0} ev/s), so 1.2× classic ({:.0} ev/s) lies above the ceiling: \
-                 on this broker the broker, not the relay design, bounds both.",
-                case_name(case),
-                classic / ceiling * 100.0,
-                classic * 1.2
-            ));
-        }
-    }
-    out.extend(r.drain.iter().filter_map(|case| shape_bound(case, ceiling)));
-    out.extend(r.drain.iter().filter_map(|case| bare_bound(case, ceiling)));
-    out.extend(r.drain.iter().filter_map(|case| lean_bound(case, ceiling)));
-    let busiest = r
-        .drain
-        .iter()
-        .flat_map(designs)
-        .filter(|(_, runs)| !runs.is_empty())
-        .map(|(_, runs)| median_of(runs, |x| x.machine.busy_share))
-        .fold(0.0, f64::max);
-    out.extend(
-        r.drain
-            .iter()
-            .filter_map(|case| drain_budget(case, busiest, ceiling)),
-    );
-    let trigger = r.producer.iter().find(|(l, _)| l.contains("NOTIFY"));
-    let untriggered = r.producer.iter().find(|(l, _)| l.contains("disabled"));
-    if let (Some((_, with)), Some((_, without))) = (trigger, untriggered)
-        && *with < f64::from(plan.rate)
-    {
-        // The producer test runs with no outboxd watching, so the trigger
-        // notifies on every commit; in the latency scenario outboxd keeps it
-        // quiet and producers commit at the trigger-free rate.
-        let verdict = if *without < f64::from(plan.rate) {
-            format!(
-                "Even without it, {} ev/s of one-event transactions is above this machine's commit rate here; \
-                 the latency scenario's latencies are measured at the rate the producer achieved (see the table).",
-                plan.rate
-            )
-        } else {
-            "outboxd keeps the trigger quiet while it sees inserts arriving (it probes the sequence instead), so \
-             the latency scenario's producers commit at the trigger-free rate."
-                .to_owned()
-        };
-        out.push(format!(
-            "Producers: with outboxd's NOTIFY trigger notifying every commit (no outboxd watching the table), \
-             16 connections commit {with:.0} one-event transactions/s; with the trigger disabled {without:.0}/s. \
-             PostgreSQL serializes the commits of transactions that NOTIFY (a cluster-wide lock taken before \
-             commit and held until after the WAL flush), so each such commit waits for the previous one's fsync \
-             and they cannot share a group commit. {verdict}"
-        ));
-    }
-    out
-}
-
-/// Whether CPU or waiting bounds a drain case that misses 1.2× the classic
-/// relay: the machine share the contender would have to keep busy at the CPU
-/// it spent per event, against the busiest drain of the run. Tuning starts from
-/// this split: beyond what any drain kept busy, only less work per event
-/// reaches the target; within it, less waiting could.
-fn drain_budget(case: &DrainCase, busiest: f64, ceiling: f64) -> Option<String> {
-    let ratio = Spread::of(&ratios(case)).median;
-    let runs = &case.outboxd;
-    let target = 1.2 * Spread::of(&rates(&case.classic)).median;
-    if ratio.is_nan()
-        || ratio >= 1.2
-        // The ceiling notes above already say why this case cannot reach it.
-        || (ceiling > 0.0 && target > ceiling)
-        || (target > Spread::of(&case.broker_alone).median && !case.broker_alone.is_empty())
-        // Nor when the bare relay, doing the least work, did not reach it.
-        || (target > Spread::of(&rates(&case.bare)).median && !case.bare.is_empty())
-        || runs.iter().any(|x| x.machine.busy_share <= 0.0 || x.secs <= 0.0)
-    {
-        return None;
-    }
-    let cores = median_of(runs, |x| {
-        x.machine.busy_secs / x.machine.busy_share / x.secs
-    });
-    let spent = machine_per100k(runs, None);
-    let needed = busy_needed(spent / 100_000.0, target, cores);
-    let bound = if needed > busiest {
-        "more than any drain of this run kept busy, so less work per event, not less waiting alone, is what would reach it"
-    } else {
-        "within what drains of this run kept busy, so less waiting in each batch's cycle could reach it at this CPU per event"
-    };
-    Some(format!(
-        "Drain, {}: 1.2× the classic relay is {target:.0} ev/s. At the CPU outboxd + relay spent per event here \
-         ({spent:.2} s per 100 000 events with everything on the machine, RabbitMQ's {:.2} of it; the classic relay \
-         {:.2}), that rate needs {:.0} % of the machine's {cores:.1} cores busy; this case kept {:.0} % busy and the \
-         busiest drain {:.0} %: {bound}.",
-        case_name(case),
-        machine_per100k(runs, Some(Component::RabbitMq)),
-        machine_per100k(&case.classic, None),
-        needed * 100.0,
-        median_of(runs, |x| x.machine.busy_share) * 100.0,
-        busiest * 100.0,
-    ))
-}
-
-fn lean_rate(case: &DrainCase) -> f64 {
-    Spread::of(&rates(&case.lean)).median
-}
-
-/// "lies" or "lie", for a list of `n` targets.
-fn lie(n: usize) -> &'static str {
-    if n == 1 { "lies" } else { "lie" }
-}
-
-/// A drain target by name, with the rate it asks for in ev/s.
-type Target = (&'static str, f64);
-
-/// The drain targets a case's lease design missed.
-fn missed_targets(classic: f64, outboxd: f64, ceiling: f64) -> Vec<Target> {
-    [
-        ("1.2× the classic relay", classic * 1.2),
-        ("80 % of the ceiling", 0.8 * ceiling),
-    ]
-    .into_iter()
-    .filter(|&(_, rate)| rate > 0.0 && outboxd < rate)
-    .collect()
-}
-
-/// Where a drain case's missed targets stand against the broker alone, fed as
-/// the case's workers feed it (one batch in flight each, no database). A target
-/// above that rate is out of reach for any relay that keeps one batch per worker
-/// in flight, whatever its database side costs; one below it is a matter of
-/// what the relay does besides publishing.
-fn shape_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
-    let alone = Spread::of(&case.broker_alone).median;
-    let classic = Spread::of(&rates(&case.classic)).median;
-    let outboxd = Spread::of(&rates(&case.outboxd)).median;
-    if alone <= 0.0 || classic <= 0.0 || (ceiling > 0.0 && classic * 1.2 > ceiling) {
-        return None;
-    }
-    let missed = missed_targets(classic, outboxd, ceiling);
-    if missed.is_empty() {
-        return None;
-    }
-    let needs: Vec<String> = missed
-        .iter()
-        .map(|(name, rate)| {
-            format!(
-                "{name} ({rate:.0} ev/s) is {:.0} % of it",
-                rate / alone * 100.0
-            )
-        })
-        .collect();
-    let above: Vec<&str> = missed
-        .iter()
-        .filter(|&&(_, rate)| rate > alone)
-        .map(|&(name, _)| name)
-        .collect();
-    let verdict = if above.is_empty() {
-        "Within it: what the relay does besides publishing is what stands between this case and the target"
-            .to_owned()
-    } else {
-        format!(
-            "{} {} above it: no relay that keeps one batch per worker in flight reaches that on this broker, \
-             whatever its database side costs",
-            above.join(" and "),
-            lie(above.len())
-        )
-    };
-    Some(format!(
-        "Drain, {}: the broker alone, fed by {} channel{}, each publishing a batch of {} and awaiting its confirms \
-         before the next (no database), confirmed {alone:.0} msg/s ({:.0} % of the one-client ceiling); the classic \
-         relay reached {:.0} % of that, outboxd + relay {:.0} %. {}. {verdict}.",
-        case_name(case),
-        case.workers,
-        if case.workers == 1 { "" } else { "s" },
-        case.batch,
-        ceiling_share(alone, ceiling) * 100.0,
-        classic / alone * 100.0,
-        outboxd / alone * 100.0,
-        needs.join("; "),
-    ))
-}
-
-/// Where a drain case's missed targets stand against the bare relay of the
-/// same shape: the least database work any relay that reads and marks each row
-/// does, none of it on the publish's path. A target above its rate asks more
-/// than the least work reached here; below it, the lease and the hop through
-/// outboxd are what the design pays.
-fn bare_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
-    let bare = Spread::of(&rates(&case.bare)).median;
-    let (classic, outboxd, missed) = missed_against(case, bare, ceiling)?;
-    let verdict = split_at(
-        &missed,
-        bare,
-        "even the least work a relay that reads and marks each row does, one batch per worker in flight and \
-         nothing waiting on its database statements, did not reach that here",
-        "what outboxd + relay does beyond the bare relay (the lease's write, the hop through outboxd)",
-    );
-    Some(format!(
-        "Drain, {}: the bare relay (read each row, publish it with confirms, mark it; no lock, no lease, \
-         reads ahead and marks beside the next publish) drained {bare:.0} ev/s, {:.0} % of the ceiling and \
-         {:.2}× the classic relay; outboxd + relay kept {:.0} % of its rate, the classic relay {:.0} %. {}.",
-        case_name(case),
-        ceiling_share(bare, ceiling) * 100.0,
-        bare / classic,
-        outboxd / bare * 100.0,
-        classic / bare * 100.0,
-        verdict,
-    ))
-}
-
-/// Where a drain case's missed targets stand against the lean lease relay of
-/// the same shape: the lease's two writes per row with no service around them.
-/// A target above its rate asks more of the lease itself than this machine
-/// gives; below it, what outboxd adds around the lease is what costs.
-fn lean_bound(case: &DrainCase, ceiling: f64) -> Option<String> {
-    let lean = lean_rate(case);
-    let bare = Spread::of(&rates(&case.bare)).median;
-    let (classic, outboxd, missed) = missed_against(case, lean, ceiling)?;
-    let verdict = split_at(
-        &missed,
-        lean,
-        "the lease's own writes, with no service around them, did not reach that here",
-        "what outboxd adds around the lease (the gRPC hop and its processes, the rest of its claim)",
-    );
-    let of_bare = if bare > 0.0 {
-        format!(
-            "; it kept {:.0} % of the bare relay's rate",
-            lean / bare * 100.0
-        )
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "Drain, {}: the lean lease relay (each row leased and acked by one autocommit UPDATE each, straight from \
-         the harness on outboxd's table; no service) drained {lean:.0} ev/s, {:.0} % of the ceiling and {:.2}× the \
-         classic relay{of_bare}, and outboxd + relay kept {:.0} % of its. {verdict}.",
-        case_name(case),
-        ceiling_share(lean, ceiling) * 100.0,
-        lean / classic,
-        outboxd / lean * 100.0,
-    ))
-}
-
-/// The classic relay's and the lease design's median rates and the drain
-/// targets the lease design missed, for a note against a yardstick that
-/// drained at `yardstick` ev/s; `None` when either was not measured or
-/// nothing was missed.
-fn missed_against(
-    case: &DrainCase,
-    yardstick: f64,
-    ceiling: f64,
-) -> Option<(f64, f64, Vec<Target>)> {
-    let classic = Spread::of(&rates(&case.classic)).median;
-    let outboxd = Spread::of(&rates(&case.outboxd)).median;
-    if yardstick <= 0.0 || classic <= 0.0 {
-        return None;
-    }
-    let missed = missed_targets(classic, outboxd, ceiling);
-    (!missed.is_empty()).then_some((classic, outboxd, missed))
-}
-
-/// The verdict on missed targets against a yardstick's rate: those above it
-/// get `above`'s reason, those within it are put down to `cost`.
-fn split_at(missed: &[Target], rate: f64, above: &str, cost: &str) -> String {
-    let (over, within): (Vec<_>, Vec<_>) = missed.iter().partition(|&&(_, r)| r > rate);
-    let names = |v: &[&Target]| v.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and ");
-    let mut verdict = Vec::new();
-    if !over.is_empty() {
-        verdict.push(format!(
-            "{} {} above it: {above}",
-            names(&over),
-            lie(over.len())
-        ));
-    }
-    if !within.is_empty() {
-        verdict.push(format!(
-            "{} {} within it: {cost} is what stands between this case and {}",
-            names(&within),
-            lie(within.len()),
-            if within.len() == 1 { "it" } else { "them" }
-        ));
-    }
-    verdict.join("; ")
-}
-
-/// Share of `cores` busy to process `rate` events/s at `cpu_per_event` CPU
-/// seconds each.
-fn busy_needed(cpu_per_event: f64, rate: f64, cores: f64) -> f64 {
-    if cores > 0.0 {
-        cpu_per_event * rate / cores
-    } else {
-        f64::INFINITY
-    }
-}
-
 fn drain_section(s: &mut String, plan: &Plan, r: &Results) {
-    let ceiling = Spread::of(&r.ceiling);
     let _ = writeln!(s, "## Drain: {} pre-filled events\n", plan.events);
     let _ = writeln!(
         s,
         "Events per second from the start of the relay until every row is published and every message is in the queue. \
          Workers: classic relay workers (each its own DB connection and confirm channel) = `outbox-relay --concurrency` slots \
-         (each its own confirm channel), one relay process. RabbitMQ confirm ceiling (one client, one channel, \
-         sends queued 100 at a time, 2 000 unconfirmed in flight, same messages): **{} msg/s**. \
-         Broker alone, same shape: the broker fed as the case's workers feed it, with no database \
-         (as many channels as workers, each publishing one batch and awaiting all its confirms before the next), \
-         measured in each repetition before the case's drains; it bounds any relay that keeps one batch per worker \
-         in flight, and the next column is how much of it each design kept. \
-         Bare relay: the least any relay does per event (read each row once, publish it with confirms, mark it \
-         published), on the classic table, with no lock, no lease and no transaction around the publish, reading \
-         ahead and marking each batch beside the next one's publish; not safe to run, a yardstick: how far the least \
-         work with no waiting gets on this machine, and how much of that each design keeps. It is not a strict \
-         bound: its statements run beside the publishes and take CPU from the broker there. \
-         Lean lease relay: the lease design's two writes per row and nothing else, on outboxd's table with its \
-         indexes, straight from the harness: each worker leases a batch (`UPDATE … SET locked_until`), publishes it \
-         with confirms, and acks it (`UPDATE … SET published_at`), the ack and the next claim beside the next \
-         publish; no outboxd, no gRPC, no look for expired leases. A yardstick too: beside the bare relay it prices \
-         the lease's write, beside outboxd + relay the service around it.\n",
-        ceiling.show(0)
+         (each its own confirm channel), one relay process. The ratio is outboxd + relay over the classic relay, per \
+         repetition (the two ran back to back). WAL and CPU per event of the same drains are under Cost.\n"
     );
     let _ = writeln!(
         s,
-        "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio | share of ceiling | classic relay's share \
-         | broker alone, same shape, msg/s | of it: classic / outboxd | bare relay ev/s | its share of ceiling | of it: classic / outboxd \
-         | lean lease relay ev/s | its share of ceiling | of the bare relay | outboxd + relay, of it |"
+        "| batch | workers | classic relay ev/s | outboxd + relay ev/s | ratio |\n| ---: | ---: | ---: | ---: | ---: |"
     );
-    let _ = writeln!(
-        s,
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
-    // The classic relay's share shows what a worker with one batch in flight
-    // reaches against the ceiling's 2 000 unconfirmed messages, whatever the design.
-    let share = |rate: f64| ceiling_share(rate, ceiling.median) * 100.0;
     for case in &r.drain {
-        let c = Spread::of(&rates(&case.classic));
-        let o = Spread::of(&rates(&case.outboxd));
-        let ratio = Spread::of(&ratios(case));
-        let alone = Spread::of(&case.broker_alone);
-        let bare = Spread::of(&rates(&case.bare));
-        let lean = Spread::of(&rates(&case.lean));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}× | {:.0} % | {:.0} % | {} | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % / {:.0} % | {} | {:.0} % | {:.0} % | {:.0} % |",
+            "| {} | {} | {} | {} | {}× |",
             case.batch,
             case.workers,
-            c.show(0),
-            o.show(0),
-            ratio.show(2),
-            share(o.median),
-            share(c.median),
-            alone.show(0),
-            c.median / alone.median * 100.0,
-            o.median / alone.median * 100.0,
-            bare.show(0),
-            share(bare.median),
-            c.median / bare.median * 100.0,
-            o.median / bare.median * 100.0,
-            lean.show(0),
-            share(lean.median),
-            lean.median / bare.median * 100.0,
-            o.median / lean.median * 100.0,
+            Spread::of(&rates(&case.classic)).show(0),
+            Spread::of(&rates(&case.outboxd)).show(0),
+            Spread::of(&ratios(case)).show(2),
+        );
+    }
+    s.push('\n');
+}
+
+fn producer_section(s: &mut String, plan: &Plan, r: &Results) {
+    let _ = writeln!(s, "## Producers: commits/s into the outbox table\n");
+    let _ = writeln!(
+        s,
+        "{PRODUCERS} connections commit one-event transactions (one INSERT each) as fast as they can for {} s, into \
+         outboxd's table and into the classic table in turn, the order alternating across repetitions; the ratio is \
+         outboxd's table over the classic table's, per repetition. Stopped: outboxd not running (it created and \
+         adopted its table earlier in the run), nothing running on the classic table. Idle: outboxd running on its \
+         table with no relay, nothing claiming; nothing running on the classic table. Draining: outboxd + relay \
+         (batch {}, {} slots) draining a backlog of {} events while the producers insert, against the classic relay \
+         (batch {}, {} workers) draining the same backlog on the classic table, so both sides share the CPU alike; the \
+         producers start once the relay has published.\n",
+        plan.producer_secs,
+        plan.latency_batch,
+        plan.latency_workers,
+        crate::scenarios::producer_backlog(plan),
+        plan.latency_batch,
+        plan.latency_workers,
+    );
+    let _ = writeln!(
+        s,
+        "| mode | classic table, commits/s | outboxd's table, commits/s | ratio |\n| --- | ---: | ---: | ---: |"
+    );
+    for case in &r.producer {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {}× |",
+            case.mode.label(),
+            Spread::of(&case.classic).show(0),
+            Spread::of(&case.outboxd).show(0),
+            Spread::of(&case.ratios()).show(2),
         );
     }
     s.push('\n');
@@ -745,22 +467,6 @@ fn lease_stages(s: &mut String, r: &Results) {
     s.push('\n');
 }
 
-fn producer_section(s: &mut String, r: &Results) {
-    if r.producer.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        s,
-        "Producer commit ceiling: 16 connections commit one-event transactions as fast as they can \
-         (the load the latency scenario asks for is one event per transaction):\n"
-    );
-    let _ = writeln!(s, "| table | commits/s |\n| --- | ---: |");
-    for (label, rate) in &r.producer {
-        let _ = writeln!(s, "| {label} | {rate:.0} |");
-    }
-    s.push('\n');
-}
-
 fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
     let _ = writeln!(s, "## Claim latency with history\n");
     let _ = writeln!(
@@ -772,8 +478,10 @@ fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
          so both are measured under the same conditions of the machine; `vs empty` is the ratio of the two \
          medians. Before each point both tables get fresh pending rows, `VACUUM ANALYZE` \
          and one `CHECKPOINT`. History rows are published rows retained (`published_at` set directly by \
-         `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows leased for an hour, \
-         ahead of the claimable ones. `SQL ms` is the claim statement's execution time under \
+         `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows leased for an hour \
+         (a row each in outboxd's lease table `outbox_leases`, 100 rows to a lease; written on the outbox rows \
+         themselves by a storage without that table), ahead of the claimable ones. `SQL ms` is the claim \
+         statement's execution time under \
          `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back, once per table.\n",
         plan.claims
     );
@@ -800,25 +508,12 @@ fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
         );
     }
     s.push('\n');
-    // The plans of the baseline and of the heaviest points, for profiling.
-    let mut shown = Vec::new();
-    if let Some(first) = r.scale.first() {
-        shown.push(first);
-    }
-    if let Some(big) = r
-        .scale
-        .iter()
-        .filter(|p| p.leases == 0)
-        .max_by_key(|p| (p.history, p.pending))
-    {
-        shown.push(big);
-    }
-    shown.extend(r.scale.iter().filter(|p| p.leases > 0));
+    // The plan of every point, for profiling.
     let _ = writeln!(
         s,
         "<details><summary>Claim plans (EXPLAIN ANALYZE, BUFFERS, WAL)</summary>\n"
     );
-    for p in shown {
+    for p in &r.scale {
         let _ = writeln!(
             s,
             "{} history, {} pending, {} leases:\n\n```\n{}\n```\n",
@@ -898,13 +593,11 @@ fn machine_per100k(runs: &[DrainRun], part: Option<Component>) -> f64 {
     })
 }
 
-/// The drains of a case: the two designs, then the yardsticks.
-fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 4] {
+/// The drains of a case: the two designs.
+fn designs(case: &DrainCase) -> [(&'static str, &[DrainRun]); 2] {
     [
         ("classic relay", &case.classic),
         ("outboxd + relay", &case.outboxd),
-        ("bare relay (yardstick)", &case.bare),
-        ("lean lease relay (yardstick)", &case.lean),
     ]
 }
 
@@ -914,7 +607,7 @@ fn machine_table(s: &mut String, r: &Results) {
         "Whole machine over each drain, from the relay's start until the backlog was out: busy CPU seconds of both \
          cores per 100 000 events (user + system + interrupts from /proc/stat, steal excluded), split by process name \
          from /proc/PID/stat (PostgreSQL includes its background workers and the children the postmaster reaped, \
-         such as autovacuum; the harness includes the classic, bare and lean lease relays' workers and the drain monitor; other is what \
+         such as autovacuum; the harness includes the classic relay's workers and the drain monitor; other is what \
          no listed process accounts for). Medians over the repetitions. When both designs keep the machine near \
          saturation, their throughput ratio is close to the inverse of their total CPU per event.\n"
     );
@@ -963,7 +656,7 @@ fn cycle_table(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "Batch cycle, mean milliseconds, each design timed from the inside (medians over the repetitions): the \
-         classic, bare and lean lease relays by the harness around their statements; outboxd by its `outbox_rpc_duration_seconds` and \
+         classic relay by the harness around its statements; outboxd by its `outbox_rpc_duration_seconds` and \
          `outbox_claim_batch_size` histograms and the relay's `outbox_relay_publish_duration_seconds` (from a batch's \
          send to each message's confirm), scraped at the end of the drain. \"ms per batch\" is the drain's duration \
          × workers / batches: the time one worker spends on one batch.\n"
@@ -988,18 +681,6 @@ fn cycle_table(s: &mut String, r: &Results) {
             let parts = match timed[0].1 {
                 Cycle::Classic { .. } => format!(
                     "BEGIN + SELECT {:.2}, publish → last confirm {:.2}, UPDATE + COMMIT {:.2}",
-                    med(0),
-                    med(1),
-                    med(2)
-                ),
-                Cycle::Bare { .. } => format!(
-                    "SELECT (reader, ahead of the workers) {:.2}, publish → last confirm {:.2}, UPDATE (beside the next publish) {:.2}",
-                    med(0),
-                    med(1),
-                    med(2)
-                ),
-                Cycle::Lean { .. } => format!(
-                    "claim UPDATE (beside the publish) {:.2}, publish → last confirm {:.2}, ack UPDATE (beside the next publish) {:.2}",
                     med(0),
                     med(1),
                     med(2)
@@ -1048,129 +729,109 @@ fn cycle_table(s: &mut String, r: &Results) {
 
 #[cfg(test)]
 mod tests {
-    use super::{bare_bound, busy_needed, lean_bound, shape_bound};
-    use crate::scenarios::{DrainCase, DrainRun};
+    use super::{Check, checks};
+    use crate::{
+        Plan,
+        cpu::{Component, MachineCpu},
+        scenarios::{DrainCase, DrainRun, ProducerCase, ProducerMode, Results},
+    };
 
-    fn case(classic: f64, outboxd: f64, alone: f64) -> DrainCase {
-        let run = |rate| DrainRun {
-            events_per_sec: rate,
+    fn plan() -> Plan {
+        Plan {
+            quick: false,
+            drain: true,
+            producers: true,
+            latency: true,
+            scale: true,
+            reps: 1,
+            events: 100_000,
+            batch_sizes: vec![100],
+            workers: vec![1],
+            producer_secs: 10,
+            rate: 2000,
+            latency_secs: 30,
+            poll_ms: vec![100],
+            latency_batch: 100,
+            latency_workers: 4,
+            history: vec![5_000_000],
+            pending: vec![10_000],
+            leases: 10_000,
+            claims: 30,
+        }
+    }
+
+    /// A drain of 100 000 events in 10 s with `wal` bytes and `pg` PostgreSQL
+    /// CPU seconds per 100 000 events.
+    fn run(wal: f64, pg: f64) -> DrainRun {
+        DrainRun {
+            events_per_sec: 10_000.0,
+            secs: 10.0,
+            wal_per_event: wal,
+            machine: MachineCpu {
+                busy_secs: 10.0,
+                busy_share: 0.5,
+                by: vec![(Component::Postgres, pg)],
+            },
             ..DrainRun::default()
-        };
-        DrainCase {
-            batch: 100,
-            workers: 1,
-            classic: vec![run(classic)],
-            outboxd: vec![run(outboxd)],
-            broker_alone: vec![alone],
-            bare: Vec::new(),
-            lean: Vec::new(),
         }
     }
 
-    /// Fails naming the note unless it says every one of `parts`.
-    fn says(note: &str, parts: &[&str]) {
-        for part in parts {
-            assert!(note.contains(part), "{part:?} not in: {note}");
-        }
+    fn find<'a>(checks: &'a [Check], part: &str) -> &'a Check {
+        checks
+            .iter()
+            .find(|c| c.target.contains(part))
+            .unwrap_or_else(|| panic!("no target with {part:?}"))
     }
 
     #[test]
-    fn shape_bound_says_which_missed_targets_lie_above_the_broker_alone() {
-        let note = |c, o, alone| shape_bound(&case(c, o, alone), 18_000.0).unwrap_or_default();
-        says(
-            &note(10_000.0, 9_000.0, 11_000.0),
-            &[
-                "1.2× the classic relay and 80 % of the ceiling lie above it",
-                "classic relay reached 91 % of that, outboxd + relay 82 %",
-                "1.2× the classic relay (12000 ev/s) is 109 % of it",
-            ],
-        );
-        says(
-            &note(10_000.0, 9_000.0, 13_000.0),
-            &["80 % of the ceiling lies above it"],
-        );
-        says(
-            &note(10_000.0, 9_000.0, 16_000.0),
-            &["is 75 % of it; 80 % of the ceiling (14400 ev/s) is 90 % of it. Within it"],
-        );
-        // Targets met: nothing to say.
-        assert!(shape_bound(&case(10_000.0, 15_000.0, 16_000.0), 18_000.0).is_none());
-        // Without a broker-alone figure nothing is claimed.
-        let mut unmeasured = case(10_000.0, 9_000.0, 0.0);
-        unmeasured.broker_alone.clear();
-        assert!(shape_bound(&unmeasured, 18_000.0).is_none());
-    }
-
-    #[test]
-    fn bare_bound_splits_missed_targets_at_the_bare_relay() {
-        let with_bare = |classic, outboxd, bare| {
-            let mut c = case(classic, outboxd, 20_000.0);
-            c.bare = vec![DrainRun {
-                events_per_sec: bare,
-                ..DrainRun::default()
-            }];
-            bare_bound(&c, 15_000.0).unwrap_or_default()
+    fn cost_targets_are_ratios_to_the_classic_relay() {
+        let results = |o: DrainRun| Results {
+            drain: vec![DrainCase {
+                batch: 100,
+                workers: 1,
+                classic: vec![run(1200.0, 2.0)],
+                outboxd: vec![o],
+            }],
+            ..Results::default()
         };
-        // 1.2× classic and 80 % of the ceiling are both 12 000 ev/s here.
-        says(
-            &with_bare(10_000.0, 9_000.0, 11_000.0),
-            &[
-                "1.2× the classic relay and 80 % of the ceiling lie above it",
-                "drained 11000 ev/s, 73 % of the ceiling and 1.10× the classic relay",
-                "outboxd + relay kept 82 % of its rate, the classic relay 91 %",
-            ],
+        let met = checks(&plan(), &results(run(1250.0, 2.0)));
+        let wal = find(&met, "WAL bytes per published event ≤ 1.05×");
+        assert_eq!(wal.pass, Some(true), "{wal:?}");
+        assert!(
+            wal.measured.contains("1.04× (1250 vs 1200 bytes/ev)"),
+            "{wal:?}"
         );
-        // 1.2× classic = 10 800 under the bare relay's 11 500; 80 % of the ceiling above it.
-        says(
-            &with_bare(9_000.0, 9_000.0, 11_500.0),
-            &[
-                "80 % of the ceiling lies above it",
-                "1.2× the classic relay lies within it",
-            ],
-        );
-        // Targets met, or no bare relay measured: nothing to say.
-        assert!(with_bare(10_000.0, 13_000.0, 14_000.0).is_empty());
-        assert!(bare_bound(&case(10_000.0, 9_000.0, 20_000.0), 15_000.0).is_none());
-    }
-
-    #[test]
-    fn lean_bound_splits_missed_targets_at_the_lean_lease_relay() {
-        let with_lean = |classic, outboxd, bare, lean| {
-            let mut c = case(classic, outboxd, 20_000.0);
-            c.bare = vec![DrainRun {
-                events_per_sec: bare,
-                ..DrainRun::default()
-            }];
-            c.lean = vec![DrainRun {
-                events_per_sec: lean,
-                ..DrainRun::default()
-            }];
-            lean_bound(&c, 15_000.0).unwrap_or_default()
+        let cpu = find(&met, "PostgreSQL CPU per event ≤ 1.00×");
+        assert_eq!(cpu.pass, Some(true), "{cpu:?}");
+        let missed = checks(&plan(), &results(run(1300.0, 2.1)));
+        assert_eq!(find(&missed, "WAL").pass, Some(false));
+        assert_eq!(find(&missed, "PostgreSQL CPU").pass, Some(false));
+        // Quick runs evaluate nothing.
+        let quick = Plan {
+            quick: true,
+            ..plan()
         };
-        // Both targets are 12 000 ev/s; the lease alone reached 10 000.
-        says(
-            &with_lean(10_000.0, 9_000.0, 12_500.0, 10_000.0),
-            &[
-                "1.2× the classic relay and 80 % of the ceiling lie above it: the lease's own writes",
-                "drained 10000 ev/s, 67 % of the ceiling and 1.00× the classic relay",
-                "it kept 80 % of the bare relay's rate, and outboxd + relay kept 90 % of its",
-            ],
+        assert!(
+            checks(&quick, &results(run(1300.0, 2.1)))
+                .iter()
+                .all(|c| c.pass.is_none())
         );
-        // The lease alone reached 12 500: the service is what costs.
-        says(
-            &with_lean(10_000.0, 9_000.0, 13_000.0, 12_500.0),
-            &["1.2× the classic relay and 80 % of the ceiling lie within it: what outboxd adds"],
-        );
-        assert!(with_lean(10_000.0, 13_000.0, 14_000.0, 13_500.0).is_empty());
-        assert!(lean_bound(&case(10_000.0, 9_000.0, 20_000.0), 15_000.0).is_none());
     }
 
     #[test]
-    fn busy_needed_scales_cpu_per_event_by_rate_over_cores() {
-        // 12.63 CPU s per 100 000 events at 15 842 ev/s on 2 cores: the whole machine.
-        let share = busy_needed(12.63e-5, 15_842.0, 2.0);
-        assert!((share - 1.0004).abs() < 1e-3, "{share}");
-        assert!((busy_needed(10e-5, 10_000.0, 2.0) - 0.5).abs() < 1e-9);
-        assert!(busy_needed(1e-5, 1.0, 0.0).is_infinite());
+    fn producer_targets_pair_each_repetition_with_its_classic_window() {
+        let r = Results {
+            producer: vec![ProducerCase {
+                mode: ProducerMode::Draining,
+                classic: vec![10_000.0, 8_000.0, 12_000.0],
+                outboxd: vec![9_500.0, 7_000.0, 10_000.0],
+            }],
+            ..Results::default()
+        };
+        let all = checks(&plan(), &r);
+        let c = find(&all, "(draining)");
+        // Ratios 0.95, 0.875, 0.83: median 0.875.
+        assert_eq!(c.pass, Some(false), "{c:?}");
+        assert!(c.measured.starts_with("0.88 [0.83–0.95]×"), "{c:?}");
     }
 }

@@ -1,9 +1,9 @@
-//! The scenarios: drain, latency under steady load, claim latency with history.
-//! Each measured case runs every design once per repetition, the order of the
+//! The scenarios: drain, producers (commits/s with outboxd stopped, idle and
+//! draining), latency under steady load, claim latency with history. Each
+//! measured case runs every design once per repetition, the order of the
 //! designs rotating from one repetition to the next.
 
 use std::{
-    collections::VecDeque,
     path::PathBuf,
     sync::{
         Arc,
@@ -15,19 +15,18 @@ use std::{
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use hdrhistogram::Histogram;
-use lapin::{Confirmation, options::BasicConsumeOptions, types::FieldTable};
+use lapin::{options::BasicConsumeOptions, types::FieldTable};
 use outboxd::pb::{self, outbox_service_client::OutboxServiceClient};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
-    Args, Plan, bare, classic,
+    Args, Plan, classic,
     cpu::{MachineCpu, Snapshot},
     db::{self, Shape},
-    lean,
     procs::{self, Binaries, RelayOpts, Usage},
     progress::Progress,
-    rabbit::{self, Msg, Rabbit},
+    rabbit::{self, Rabbit},
     scrape,
 };
 
@@ -45,25 +44,6 @@ impl Design {
         match self {
             Self::Classic => "classic relay",
             Self::Outboxd => "outboxd + relay",
-        }
-    }
-}
-
-/// The harness's own relays that measure what a drain could reach, run in
-/// each repetition before the designs.
-#[derive(Debug, Clone, Copy)]
-enum Yardstick {
-    /// `bare.rs`: read, publish, mark; no lock, no lease.
-    Bare,
-    /// `lean.rs`: the lease's two writes, no service.
-    Lean,
-}
-
-impl Yardstick {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Bare => "bare relay",
-            Self::Lean => "lean lease relay",
         }
     }
 }
@@ -100,22 +80,6 @@ pub enum Cycle {
         /// `UPDATE published_at` and COMMIT.
         mark: f64,
     },
-    Bare {
-        /// The reader's SELECT, made ahead of the workers.
-        read: f64,
-        /// Sending the batch until its last confirm.
-        publish: f64,
-        /// `UPDATE published_at`, beside the next batch's publish.
-        mark: f64,
-    },
-    Lean {
-        /// The claim's `UPDATE … SET locked_until`, beside the publish.
-        claim: f64,
-        /// Sending the batch until its last confirm.
-        publish: f64,
-        /// The ack's `UPDATE … SET published_at`, beside the next publish.
-        ack: f64,
-    },
     Outboxd {
         /// ClaimBatch inside outboxd, with the acks it carries.
         claim: f64,
@@ -138,16 +102,6 @@ impl Cycle {
                 publish,
                 mark,
             } => [select, publish, mark],
-            Self::Bare {
-                read,
-                publish,
-                mark,
-            } => [read, publish, mark],
-            Self::Lean {
-                claim,
-                publish,
-                ack,
-            } => [claim, publish, ack],
             Self::Outboxd {
                 claim,
                 confirm,
@@ -164,7 +118,7 @@ impl Cycle {
                 ack_calls_per_batch,
                 ..
             } => ack_calls_per_batch,
-            Self::Classic { .. } | Self::Bare { .. } | Self::Lean { .. } => f64::NAN,
+            Self::Classic { .. } => f64::NAN,
         }
     }
 }
@@ -175,19 +129,6 @@ pub struct DrainCase {
     pub workers: u32,
     pub classic: Vec<DrainRun>,
     pub outboxd: Vec<DrainRun>,
-    /// Messages/s the broker confirms, with nothing else running, from
-    /// `workers` channels that each publish one batch and await all its
-    /// confirms before the next: what a relay of this shape would reach if
-    /// its database work cost nothing. One per repetition.
-    pub broker_alone: Vec<f64>,
-    /// The bare relay (`bare.rs`) on the classic table, same batch and
-    /// workers: the least database work any relay of this shape does, none of
-    /// it on the publish's path. One per repetition.
-    pub bare: Vec<DrainRun>,
-    /// The lean lease relay (`lean.rs`) on outboxd's table, same batch and
-    /// workers: the lease's two writes per row without the service around
-    /// them. One per repetition.
-    pub lean: Vec<DrainRun>,
 }
 
 #[derive(Debug, Clone)]
@@ -250,14 +191,13 @@ impl ScalePoint {
 #[derive(Debug, Clone, Default)]
 pub struct Results {
     pub drain: Vec<DrainCase>,
-    pub ceiling: Vec<f64>,
     pub latency: Vec<LatencyCase>,
     pub scale: Vec<ScalePoint>,
     pub commands: Vec<String>,
     pub payload_bytes: usize,
     pub notes: Vec<String>,
-    /// One-event transactions per second from 16 connections, per table kind.
-    pub producer: Vec<(String, f64)>,
+    /// Commits per second from [`PRODUCERS`] connections, per mode.
+    pub producer: Vec<ProducerCase>,
 }
 
 pub struct Ctx {
@@ -385,14 +325,17 @@ fn steps(plan: &Plan) -> u64 {
     let reps = plan.reps as u64;
     let mut n = 0;
     if plan.drain {
-        // Per case: the broker alone, two yardsticks, two designs.
-        n += reps * (1 + 5 * (plan.batch_sizes.len() * plan.workers.len()) as u64);
+        // Per case: two designs.
+        n += reps * 2 * (plan.batch_sizes.len() * plan.workers.len()) as u64;
+    }
+    if plan.producers {
+        n += 1 + reps * 2 * ProducerMode::ALL.len() as u64;
     }
     if plan.latency {
-        n += 1 + reps * (1 + plan.poll_ms.len() as u64);
+        n += reps * (1 + plan.poll_ms.len() as u64);
     }
     if plan.scale {
-        n += (plan.history.len() * plan.pending.len()) as u64 + 2;
+        n += (plan.history.len() * plan.pending.len()) as u64 + 1;
     }
     n
 }
@@ -417,6 +360,9 @@ pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
 
     if plan.drain {
         drain(ctx, plan, &mut results).await?;
+    }
+    if plan.producers {
+        producers(ctx, plan, &mut results).await?;
     }
     if plan.latency {
         latency(ctx, plan, &mut results).await?;
@@ -463,66 +409,13 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
                 workers,
                 classic: Vec::new(),
                 outboxd: Vec::new(),
-                broker_alone: Vec::new(),
-                bare: Vec::new(),
-                lean: Vec::new(),
             });
         }
     }
     let n = plan.events;
     for rep in 0..plan.reps {
-        ctx.progress.doing(format!(
-            "rep {}/{}: RabbitMQ confirm ceiling",
-            rep + 1,
-            plan.reps
-        ));
-        let rate = retried(ctx, "ceiling run", || ceiling(ctx, n)).await?;
-        ctx.progress
-            .log(format!("rep {} ceiling: {rate:.0} msg/s", rep + 1));
-        results.ceiling.push(rate);
-        ctx.progress.done_step();
         for case in &mut cases {
             let (batch, workers) = (case.batch, case.workers);
-            ctx.progress.doing(format!(
-                "rep {}/{}: RabbitMQ alone, batch {batch}, {workers} channel(s)",
-                rep + 1,
-                plan.reps
-            ));
-            let rate = retried(ctx, "broker-alone run", || {
-                broker_alone(ctx, n, batch, workers)
-            })
-            .await?;
-            ctx.progress.log(format!(
-                "rep {} broker alone b{batch} w{workers}: {rate:.0} msg/s",
-                rep + 1
-            ));
-            case.broker_alone.push(rate);
-            ctx.progress.done_step();
-            for yardstick in [Yardstick::Bare, Yardstick::Lean] {
-                let label = yardstick.label();
-                ctx.progress.doing(format!(
-                    "rep {}/{}: {label}, batch {batch}, {workers} worker(s)",
-                    rep + 1,
-                    plan.reps
-                ));
-                let run = retried(ctx, &format!("{label} run"), || async move {
-                    match yardstick {
-                        Yardstick::Bare => drain_bare(ctx, n, batch, workers).await,
-                        Yardstick::Lean => drain_lean(ctx, n, batch, workers).await,
-                    }
-                })
-                .await?;
-                ctx.progress.log(format!(
-                    "rep {} {label} b{batch} w{workers}: {:.0} ev/s",
-                    rep + 1,
-                    run.events_per_sec
-                ));
-                match yardstick {
-                    Yardstick::Bare => case.bare.push(run),
-                    Yardstick::Lean => case.lean.push(run),
-                }
-                ctx.progress.done_step();
-            }
             let order = if rep % 2 == 0 {
                 [Design::Classic, Design::Outboxd]
             } else {
@@ -736,140 +629,7 @@ async fn drain_classic(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
     .await
 }
 
-/// The bare relay over the classic table: one reader, `workers` publishers.
-async fn drain_bare(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let (start, conns) = YardstickStart::new(ctx, Yardstick::Bare, n, batch, workers + 1).await?;
-    let (settings, shared) = (&start.settings, &start.shared);
-    let (tx, rx) = tokio::sync::mpsc::channel(workers.max(1) as usize);
-    let rx = Arc::new(Mutex::new(rx));
-    let mut handles = Vec::new();
-    let mut conns = conns.into_iter();
-    if let Some(db) = conns.next() {
-        handles.push(tokio::spawn(bare::reader(
-            db,
-            tx,
-            settings.clone(),
-            Arc::clone(shared),
-        )));
-    }
-    for db in conns {
-        let rx = Arc::clone(&rx);
-        handles.push(classic::Worker::spawn(
-            db,
-            Arc::clone(&start.amqp),
-            settings.clone(),
-            Arc::clone(shared),
-            move |w| bare::worker(w, rx),
-        ));
-    }
-    start.finish(ctx, handles).await
-}
-
-/// The lean lease relay over outboxd's table: `workers` claimers, no outboxd.
-async fn drain_lean(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let (start, conns) = YardstickStart::new(ctx, Yardstick::Lean, n, batch, workers).await?;
-    let handles = conns
-        .into_iter()
-        .map(|db| {
-            classic::Worker::spawn(
-                db,
-                Arc::clone(&start.amqp),
-                start.settings.clone(),
-                Arc::clone(&start.shared),
-                lean::worker,
-            )
-        })
-        .collect();
-    start.finish(ctx, handles).await
-}
-
-/// What a yardstick's drain starts from: its backlog filled, its broker
-/// connection open, and the clock started.
-struct YardstickStart<'a> {
-    yardstick: Yardstick,
-    amqp: Arc<lapin::Connection>,
-    run: OwnDrain<'a>,
-    settings: classic::Settings,
-    shared: Arc<classic::Shared>,
-    /// Stops the workers if the drain ends early.
-    guard: classic::StopGuard,
-}
-
-impl<'a> YardstickStart<'a> {
-    /// The bare relay reads the classic table, the lean lease relay leases
-    /// rows on outboxd's; with `sessions` database connections for its workers.
-    async fn new(
-        ctx: &'a Ctx,
-        yardstick: Yardstick,
-        n: u64,
-        batch: u32,
-        sessions: u32,
-    ) -> anyhow::Result<(Self, Vec<sqlx::PgConnection>)> {
-        let (db_name, shape) = match yardstick {
-            Yardstick::Bare => (&ctx.db_classic, Shape::Classic),
-            Yardstick::Lean => (&ctx.db_outboxd, Shape::Outboxd),
-        };
-        prepare_backlog(ctx, db_name, shape, n).await?;
-        let url = ctx.url(db_name)?;
-        let name = format!("outbox-bench {}", yardstick.label());
-        let amqp = Arc::new(rabbit::connect(&ctx.args.amqp_url, &name).await?);
-        let mut conns = Vec::new();
-        for _ in 0..sessions {
-            conns.push(db::connect_yardstick(&url, &name).await?);
-        }
-        let run = OwnDrain::begin(ctx, db_name, n).await?;
-        let settings = classic::Settings {
-            batch,
-            poll: Duration::ZERO,
-            exchange: ctx.rabbit.exchange.clone(),
-            deadline: run.deadline,
-        };
-        let shared = Arc::new(classic::Shared::default());
-        let guard = classic::StopGuard(Arc::clone(&shared));
-        let start = Self {
-            yardstick,
-            amqp,
-            run,
-            settings,
-            shared,
-            guard,
-        };
-        Ok((start, conns))
-    }
-
-    /// Waits for the drain with the workers' `handles`, and names the three
-    /// timed parts of a batch as the yardstick times them.
-    async fn finish(
-        self,
-        ctx: &Ctx,
-        handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    ) -> anyhow::Result<DrainRun> {
-        let cycle: fn([f64; 3]) -> Cycle = match self.yardstick {
-            Yardstick::Bare => |[read, publish, mark]| Cycle::Bare {
-                read,
-                publish,
-                mark,
-            },
-            Yardstick::Lean => |[claim, publish, ack]| Cycle::Lean {
-                claim,
-                publish,
-                ack,
-            },
-        };
-        let _guard = self.guard;
-        self.run
-            .finish(
-                ctx,
-                (self.amqp, handles),
-                self.yardstick.label(),
-                &self.shared,
-                cycle,
-            )
-            .await
-    }
-}
-
-/// A drain by the harness's own workers (the classic, bare or lean lease relay): its
+/// A drain by the harness's own workers (the classic relay): its
 /// database, backlog, deadline, and what it started from.
 struct OwnDrain<'a> {
     db_name: &'a str,
@@ -984,115 +744,257 @@ async fn join_workers((amqp, handles): Workers, what: &str) -> anyhow::Result<()
     first_err.map_or(Ok(()), |e| Err(e.context(what.to_owned())))
 }
 
-/// One client, one confirm channel, persistent mandatory messages of the same
-/// size and properties, a sliding window of unconfirmed publishes.
-async fn ceiling(ctx: &Ctx, n: u64) -> anyhow::Result<f64> {
-    ctx.rabbit.purge().await?;
-    let msgs = broker_msgs(n);
-    let conn = rabbit::connect(&ctx.args.amqp_url, "outbox-bench ceiling").await?;
-    let ch = rabbit::confirm_channel(&conn).await?;
-    const WINDOW: usize = 2000;
-    let deadline = drain_deadline(n);
-    let started = Instant::now();
-    let mut window = VecDeque::with_capacity(WINDOW + 1);
-    let settle = |c: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>| -> anyhow::Result<()> {
-        match c {
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(other)) => bail!("ceiling: broker did not confirm: {other:?}"),
-            Ok(Err(err)) => Err(err).context("ceiling: confirm"),
-            Err(_) => bail!("ceiling: confirms did not arrive in time"),
-        }
-    };
-    // Sent in chunks of 100, the drain's small batch, each queued whole.
-    for chunk in msgs.chunks(100) {
-        let sent = rabbit::send_all(&ch, &ctx.rabbit.exchange, chunk)
-            .await
-            .context("ceiling")?;
-        window.extend(sent);
-        while window.len() > WINDOW
-            && let Some(oldest) = window.pop_front()
-        {
-            settle(tokio::time::timeout_at(deadline, oldest).await)?;
-        }
-    }
-    for confirm in window {
-        settle(tokio::time::timeout_at(deadline, confirm).await)?;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = ch.close(200, "bye".into()).await;
-    let _ = conn.close(200, "bye".into()).await;
-    if !ctx.rabbit.wait_depth(n, deadline).await? {
-        bail!("ceiling: the queue did not reach {n} messages");
-    }
-    ctx.rabbit.purge().await?;
-    Ok(n as f64 / secs)
+// ---------------------------------------------------------------- producers
+
+/// Producer connections committing one-event transactions as fast as they can.
+pub const PRODUCERS: usize = 16;
+
+/// What runs on the outbox table while the producers commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProducerMode {
+    /// outboxd not running at all (it created and adopted the table earlier);
+    /// the classic table with nothing running.
+    Stopped,
+    /// outboxd running with no relay, nothing claiming; the classic table
+    /// with nothing running.
+    Idle,
+    /// A relay draining a backlog: outboxd + outbox-relay, against the classic
+    /// relay draining the same kind of backlog at the same shape.
+    Draining,
 }
 
-/// `n` messages of the drain's size and properties, for runs of the broker
-/// without a database.
-fn broker_msgs(n: u64) -> Vec<Msg> {
-    (0..n)
-        .map(|i| Msg {
-            id: uuid::Uuid::new_v4().to_string(),
-            aggregate_id: uuid::Uuid::from_u128(u128::from(i % 5000)).to_string(),
-            event_type: "order.paid".into(),
-            payload: db::payload(i).into_bytes(),
-            created_secs: 1_700_000_000,
-            sequence: i64::try_from(i).unwrap_or(0),
+impl ProducerMode {
+    pub const ALL: [Self; 3] = [Self::Stopped, Self::Idle, Self::Draining];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Stopped => "outboxd stopped",
+            Self::Idle => "outboxd idle",
+            Self::Draining => "draining",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProducerCase {
+    pub mode: ProducerMode,
+    /// Commits per second into the classic table, one per repetition.
+    pub classic: Vec<f64>,
+    /// Commits per second into outboxd's table, one per repetition, each
+    /// measured next to `classic`'s of the same repetition.
+    pub outboxd: Vec<f64>,
+}
+
+impl ProducerCase {
+    /// outboxd's table against the classic table, per repetition.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.outboxd
+            .iter()
+            .zip(&self.classic)
+            .map(|(o, c)| o / c)
+            .collect()
+    }
+}
+
+fn table_label(design: Design) -> &'static str {
+    match design {
+        Design::Classic => "classic table",
+        Design::Outboxd => "outboxd's table",
+    }
+}
+
+/// Pending rows a draining case starts from: more than a relay drains in the
+/// window, so it is still draining when the producers stop.
+pub fn producer_backlog(plan: &Plan) -> u64 {
+    25_000 * plan.producer_secs
+}
+
+async fn producers(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    // outboxd creates and adopts its table (and whatever it keeps beside it)
+    // once, so "stopped" measures the table outboxd left, not a bare migration.
+    ctx.progress
+        .doing("producers: outboxd adopts its table, then stops");
+    let (outboxd, _) =
+        procs::start_outboxd(&ctx.bins, &ctx.url(&ctx.db_outboxd)?, &ctx.log_dir, "adopt").await?;
+    outboxd.stop(Duration::from_secs(10)).await?;
+    ctx.progress.done_step();
+    let mut cases: Vec<ProducerCase> = ProducerMode::ALL
+        .into_iter()
+        .map(|mode| ProducerCase {
+            mode,
+            classic: Vec::new(),
+            outboxd: Vec::new(),
         })
-        .collect()
+        .collect();
+    for rep in 0..plan.reps {
+        for case in &mut cases {
+            let mode = case.mode;
+            let order = if rep % 2 == 0 {
+                [Design::Classic, Design::Outboxd]
+            } else {
+                [Design::Outboxd, Design::Classic]
+            };
+            for design in order {
+                ctx.progress.doing(format!(
+                    "rep {}/{}: producers for {} s, {}, {}",
+                    rep + 1,
+                    plan.reps,
+                    plan.producer_secs,
+                    mode.label(),
+                    table_label(design)
+                ));
+                let (rate, lasted) = retried(ctx, "producer run", || {
+                    producer_run(ctx, plan, mode, design)
+                })
+                .await?;
+                ctx.progress.log(format!(
+                    "rep {} producers, {}, {}: {rate:.0} commits/s",
+                    rep + 1,
+                    mode.label(),
+                    table_label(design)
+                ));
+                if !lasted {
+                    results.notes.push(format!(
+                        "Producers, {}, repetition {}: the {} drained its whole backlog of {} events before the \
+                         producers stopped, so part of that window had no relay draining.",
+                        mode.label(),
+                        rep + 1,
+                        design.label(),
+                        producer_backlog(plan)
+                    ));
+                }
+                match design {
+                    Design::Classic => case.classic.push(rate),
+                    Design::Outboxd => case.outboxd.push(rate),
+                }
+                ctx.progress.done_step();
+            }
+        }
+    }
+    results.producer = cases;
+    Ok(())
 }
 
-/// The broker fed exactly as a drain case's workers feed it, minus the
-/// database: `workers` confirm channels on one connection, each taking the
-/// next `batch` messages, publishing them together and awaiting every confirm
-/// before taking more. A relay that publishes one batch per worker at a time
-/// cannot beat this on this broker; how far below it each design lands is
-/// what its database work and hand-offs cost.
-async fn broker_alone(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<f64> {
+/// One window of producers on `design`'s table with `mode` running beside
+/// them: commits per second, and whether a draining relay still had pending
+/// rows at the end (true when nothing drains).
+async fn producer_run(
+    ctx: &Ctx,
+    plan: &Plan,
+    mode: ProducerMode,
+    design: Design,
+) -> anyhow::Result<(f64, bool)> {
+    let (db_name, shape) = match design {
+        Design::Classic => (&ctx.db_classic, Shape::Classic),
+        Design::Outboxd => (&ctx.db_outboxd, Shape::Outboxd),
+    };
+    let draining = mode == ProducerMode::Draining;
+    prepare_backlog(
+        ctx,
+        db_name,
+        shape,
+        if draining { producer_backlog(plan) } else { 0 },
+    )
+    .await?;
+    let url = ctx.url(db_name)?;
+    let deadline = Instant::now() + Duration::from_secs(plan.producer_secs + 120);
+    let shared = Arc::new(classic::Shared::default());
+    let _stop_guard = classic::StopGuard(Arc::clone(&shared));
+    let mut procs_running = Vec::new();
+    let mut classic_workers = None;
+    match (mode, design) {
+        (ProducerMode::Stopped, _) | (ProducerMode::Idle, Design::Classic) => {}
+        (ProducerMode::Idle | ProducerMode::Draining, Design::Outboxd) => {
+            let (outboxd, addr) =
+                procs::start_outboxd(&ctx.bins, &url, &ctx.log_dir, "producers").await?;
+            ctx.record(&outboxd.cmdline).await;
+            if draining {
+                let opts = RelayOpts {
+                    server: addr,
+                    amqp_url: &ctx.args.amqp_url,
+                    exchange: &ctx.rabbit.exchange,
+                    batch: plan.latency_batch,
+                    concurrency: plan.latency_workers,
+                };
+                let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "producers")?;
+                ctx.record(&relay.cmdline).await;
+                procs_running.push(relay);
+            }
+            procs_running.push(outboxd);
+        }
+        (ProducerMode::Draining, Design::Classic) => {
+            classic_workers = Some(
+                start_classic(
+                    ctx,
+                    db_name,
+                    plan.latency_batch,
+                    plan.latency_workers,
+                    Duration::from_millis(100),
+                    deadline,
+                    &shared,
+                )
+                .await?,
+            );
+        }
+    }
+    // The producers start once the relay publishes.
+    if draining && !ctx.rabbit.wait_depth(1, deadline).await? {
+        bail!("producers: the relay published nothing");
+    }
+    for p in &mut procs_running {
+        p.check_alive()?;
+    }
+    let committed = commit_flat_out(&url, shape, plan.producer_secs).await;
+    let lasted = if draining {
+        let mut conn = db::connect(&url).await?;
+        let left = db::pending(&mut conn).await;
+        let _ = conn.close().await;
+        left? > 0
+    } else {
+        true
+    };
+    shared.stop.store(true, Ordering::Relaxed);
+    if let Some(workers) = classic_workers {
+        join_workers(workers, "classic relay").await?;
+    }
+    for p in procs_running {
+        p.stop(Duration::from_secs(10)).await?;
+    }
     ctx.rabbit.purge().await?;
-    let msgs = Arc::new(broker_msgs(n));
-    let conn = Arc::new(rabbit::connect(&ctx.args.amqp_url, "outbox-bench broker alone").await?);
-    let next = Arc::new(AtomicU64::new(0));
-    let deadline = drain_deadline(n);
-    let mut channels = Vec::new();
-    for _ in 0..workers {
-        channels.push(rabbit::confirm_channel(&conn).await?);
+    Ok((committed?, lasted))
+}
+
+/// How many one-event transactions [`PRODUCERS`] connections commit per
+/// second into the table at `url` when they go as fast as they can for `secs`.
+async fn commit_flat_out(url: &str, shape: Shape, secs: u64) -> anyhow::Result<f64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let mut conns = Vec::new();
+    for _ in 0..PRODUCERS {
+        conns.push(db::connect(url).await?);
     }
     let started = Instant::now();
-    // Dropped on an early return, the set aborts the other channels' loops, so
-    // a retry never shares the queue with a failed attempt's publishes.
-    let mut set = tokio::task::JoinSet::new();
-    for ch in channels {
-        let (msgs, next) = (Arc::clone(&msgs), Arc::clone(&next));
-        let exchange = ctx.rabbit.exchange.clone();
-        set.spawn(async move {
-            loop {
-                let from = next.fetch_add(u64::from(batch), Ordering::Relaxed);
-                if from >= n {
+    let stop_at = started + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for (j, mut conn) in conns.into_iter().enumerate() {
+        let count = Arc::clone(&count);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..100_000_000u64 {
+                if Instant::now() >= stop_at {
                     break;
                 }
-                let to = (from + u64::from(batch)).min(n);
-                let left = deadline.saturating_duration_since(Instant::now());
-                let (from, to) = (usize::try_from(from)?, usize::try_from(to)?);
-                rabbit::publish_confirmed(&ch, &exchange, &msgs[from..to], left).await?;
+                produce(&mut conn, shape, i * PRODUCERS as u64 + j as u64).await?;
+                count.fetch_add(1, Ordering::Relaxed);
             }
-            let confirmed = Instant::now();
-            let _ = ch.close(200, "bye".into()).await;
-            anyhow::Ok(confirmed)
-        });
+            let _ = conn.close().await;
+            anyhow::Ok(())
+        }));
     }
-    let mut last = started;
-    while let Some(joined) = set.join_next().await {
-        last = last.max(joined.context("broker-alone channel panicked")??);
+    let first_err = first_failure(tasks).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    if let Some(err) = first_err {
+        return Err(err);
     }
-    let secs = last.duration_since(started).as_secs_f64();
-    let _ = conn.close(200, "bye".into()).await;
-    if !ctx.rabbit.wait_depth(n, deadline).await? {
-        bail!("broker alone: the queue did not reach {n} messages");
-    }
-    ctx.rabbit.purge().await?;
-    Ok(n as f64 / secs)
+    Ok(count.load(Ordering::Relaxed) as f64 / elapsed)
 }
 
 // ---------------------------------------------------------------- latency
@@ -1113,10 +1015,6 @@ async fn latency(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Resul
             })
         })
         .collect::<anyhow::Result<_>>()?;
-    ctx.progress.doing("latency: producer commit ceiling");
-    let secs = if plan.quick { 2 } else { 5 };
-    results.producer = retried(ctx, "producer ceiling", || producer_ceiling(ctx, secs)).await?;
-    ctx.progress.done_step();
     let count = cases.len();
     for rep in 0..plan.reps {
         for k in 0..count {
@@ -1195,78 +1093,6 @@ async fn first_failure(
         first.get_or_insert(failure);
     }
     first
-}
-
-/// How many one-event transactions 16 producer connections commit per second
-/// when they go as fast as they can: the classic table, outboxd's table, and
-/// outboxd's table with its NOTIFY trigger disabled (to show what it costs).
-async fn producer_ceiling(ctx: &Ctx, secs: u64) -> anyhow::Result<Vec<(String, f64)>> {
-    let cases = [
-        ("classic table", &ctx.db_classic, Shape::Classic, true),
-        (
-            "outboxd table (NOTIFY trigger, no outboxd watching)",
-            &ctx.db_outboxd,
-            Shape::Outboxd,
-            true,
-        ),
-        (
-            "outboxd table, trigger disabled for this test",
-            &ctx.db_outboxd,
-            Shape::Outboxd,
-            false,
-        ),
-    ];
-    let mut out = Vec::new();
-    for (label, db_name, shape, trigger) in cases {
-        prepare_backlog(ctx, db_name, shape, 0).await?;
-        let url = ctx.url(db_name)?;
-        let mut admin = db::connect(&url).await?;
-        if !trigger {
-            sqlx::query("ALTER TABLE outbox DISABLE TRIGGER outboxd_notify")
-                .execute(&mut admin)
-                .await
-                .context("disabling the notify trigger")?;
-        }
-        let count = Arc::new(AtomicU64::new(0));
-        let mut conns = Vec::new();
-        for _ in 0..16 {
-            conns.push(db::connect(&url).await?);
-        }
-        let started = Instant::now();
-        let stop_at = started + Duration::from_secs(secs);
-        let mut tasks = Vec::new();
-        for (j, mut conn) in conns.into_iter().enumerate() {
-            let count = Arc::clone(&count);
-            tasks.push(tokio::spawn(async move {
-                for i in 0..10_000_000u64 {
-                    if Instant::now() >= stop_at {
-                        break;
-                    }
-                    produce(&mut conn, shape, i * 16 + j as u64).await?;
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = conn.close().await;
-                anyhow::Ok(())
-            }));
-        }
-        let first_err = first_failure(tasks).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        if !trigger {
-            sqlx::query("ALTER TABLE outbox ENABLE TRIGGER outboxd_notify")
-                .execute(&mut admin)
-                .await
-                .context("re-enabling the notify trigger")?;
-        }
-        let _ = admin.close().await;
-        if let Some(err) = first_err {
-            return Err(err);
-        }
-        let rate = count.load(Ordering::Relaxed) as f64 / elapsed;
-        ctx.progress
-            .log(format!("producer ceiling, {label}: {rate:.0} commits/s"));
-        out.push((label.to_owned(), rate));
-    }
-    Ok(out)
 }
 
 async fn latency_run(
@@ -1381,11 +1207,11 @@ async fn latency_run(
 
     // The producer: one event per transaction, on a fixed schedule, spread
     // over a few connections so one slow commit does not delay the next.
-    const PRODUCERS: u64 = 16;
+    let connections = PRODUCERS as u64;
     let url = ctx.url(db_name)?;
     let mut producers = Vec::new();
     let interval_us = 1_000_000.0 / f64::from(plan.rate);
-    for j in 0..PRODUCERS {
+    for j in 0..connections {
         let mut conn = db::connect(&url).await?;
         let committed = Arc::clone(&committed);
         producers.push(tokio::spawn(async move {
@@ -1399,7 +1225,7 @@ async fn latency_run(
                 produce(&mut conn, shape, i).await?;
                 let at = u64::try_from(t0.elapsed().as_micros()).unwrap_or(UNSET - 1);
                 committed[usize::try_from(i)?].store(at, Ordering::Relaxed);
-                i += PRODUCERS;
+                i += connections;
             }
             let _ = conn.close().await;
             anyhow::Ok(())
@@ -1543,15 +1369,27 @@ impl ScaleTables {
     async fn reset(&mut self, pending: u64, leases: u64) -> anyhow::Result<()> {
         reset_pending(&mut self.history, pending + leases).await?;
         if leases > 0 {
-            sqlx::query(
+            let leases = i64::try_from(leases)?;
+            // A lease lives in outboxd's lease table (#32): the oldest pending
+            // rows get a lease row there, 100 rows to a lease as a claim would
+            // lease them, and their outbox rows stay as they are. Before that
+            // storage (no lease table) a lease was written on the outbox row.
+            let sql = if db::has_leases(&mut self.history).await? {
+                "INSERT INTO outbox_leases (id, lease_id, locked_until, claimed_by, claimed_at, attempts) \
+                 SELECT id, md5('outbox-bench lease ' || (n / 100))::uuid, now() + interval '1 hour', \
+                        'outbox-bench', now(), 1 \
+                 FROM (SELECT id, row_number() OVER (ORDER BY seq) - 1 AS n FROM outbox \
+                       WHERE published_at IS NULL ORDER BY seq LIMIT $1) AS oldest"
+            } else {
                 "UPDATE outbox SET lease_id = gen_random_uuid(), locked_until = now() + interval '1 hour', \
                  attempts = 1, claimed_by = 'outbox-bench', claimed_at = now() \
-                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)",
-            )
-            .bind(i64::try_from(leases)?)
-            .execute(&mut self.history)
-            .await
-            .context("putting leases in flight")?;
+                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)"
+            };
+            sqlx::query(sql)
+                .bind(leases)
+                .execute(&mut self.history)
+                .await
+                .context("putting leases in flight")?;
             db::vacuum_analyze(&mut self.history).await?;
         }
         reset_pending(&mut self.empty, pending).await?;
@@ -1584,7 +1422,7 @@ async fn scale_points(
             history_now = history;
         }
         let mut cases: Vec<(u64, u64)> = plan.pending.iter().map(|&p| (p, 0)).collect();
-        if hi == 0 || hi == last {
+        if hi == last {
             cases.push((plan.pending[0], plan.leases));
         }
         for (pending, leases) in cases {
@@ -1614,8 +1452,14 @@ async fn scale_points(
     Ok(points)
 }
 
-/// Deletes every unpublished row and inserts `pending` fresh ones.
+/// Deletes every lease and every unpublished row, and inserts `pending` fresh ones.
 async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::Result<()> {
+    if db::has_leases(conn).await? {
+        sqlx::query("DELETE FROM outbox_leases")
+            .execute(&mut *conn)
+            .await
+            .context("clearing leases")?;
+    }
     sqlx::query("DELETE FROM outbox WHERE published_at IS NULL")
         .execute(&mut *conn)
         .await
@@ -1626,20 +1470,13 @@ async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::R
 }
 
 /// The claim statement under `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back:
-/// its plan and execution time, milliseconds.
+/// its plan and execution time, milliseconds. `schema` holds the `outbox`
+/// table (and its lease table, which the statement names as `{leases}`).
 async fn explain_claim(
     conn: &mut sqlx::PgConnection,
-    table: &str,
+    schema: &str,
 ) -> anyhow::Result<(String, f64)> {
-    let sql = CLAIM_SQL
-        .replace("{table}", table)
-        .replace("$1", "100")
-        .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
-        .replace("$3", "'60 seconds'")
-        .replace("$4", "'outbox-bench'")
-        .replace("$5", "10")
-        .replace("$6", "3145728")
-        .replace("$7", "8388608");
+    let sql = claim_sql(schema);
     let mut tx = conn.begin().await.context("BEGIN")?;
     let lines: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS, WAL) {sql}"
@@ -1654,6 +1491,21 @@ async fn explain_claim(
         .and_then(|v| v.trim().trim_end_matches("ms").trim().parse::<f64>().ok())
         .unwrap_or(f64::NAN);
     Ok((lines.join("\n"), ms))
+}
+
+/// outboxd's claim statement for `schema.outbox`, its names quoted as outboxd
+/// quotes them and its parameters bound to a claim of 100 for 60 s.
+fn claim_sql(schema: &str) -> String {
+    CLAIM_SQL
+        .replace("{table}", &format!("\"{schema}\".\"outbox\""))
+        .replace("{leases}", &format!("\"{schema}\".\"{}\"", db::LEASES))
+        .replace("$1", "100")
+        .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
+        .replace("$3", "'60 seconds'")
+        .replace("$4", "'outbox-bench'")
+        .replace("$5", "10")
+        .replace("$6", "3145728")
+        .replace("$7", "8388608")
 }
 
 /// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack.
@@ -1708,9 +1560,8 @@ async fn measure_claims(
     pending: u64,
     leases: u64,
 ) -> anyhow::Result<ScalePoint> {
-    let (plan_text, sql_ms) = explain_claim(&mut tables.history, "public.outbox").await?;
-    let (_, empty_sql_ms) =
-        explain_claim(&mut tables.empty, &format!("{EMPTY_SCHEMA}.outbox")).await?;
+    let (plan_text, sql_ms) = explain_claim(&mut tables.history, "public").await?;
+    let (_, empty_sql_ms) = explain_claim(&mut tables.empty, EMPTY_SCHEMA).await?;
     let mut claim_ms = Vec::with_capacity(plan.claims);
     let mut empty_ms = Vec::with_capacity(plan.claims);
     // The first few warm the connections and caches.
