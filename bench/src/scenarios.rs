@@ -1372,19 +1372,12 @@ impl ScaleTables {
             let leases = i64::try_from(leases)?;
             // A lease lives in outboxd's lease table (#32): the oldest pending
             // rows get a lease row there, 100 rows to a lease as a claim would
-            // lease them, and their outbox rows stay as they are. Before that
-            // storage (no lease table) a lease was written on the outbox row.
-            let sql = if db::has_leases(&mut self.history).await? {
-                "INSERT INTO outbox_leases (id, lease_id, locked_until, claimed_by, claimed_at, attempts) \
+            // lease them, and their outbox rows stay as they are.
+            let sql = "INSERT INTO outbox_leases (id, lease_id, locked_until, claimed_by, claimed_at, attempts) \
                  SELECT id, md5('outbox-bench lease ' || (n / 100))::uuid, now() + interval '1 hour', \
                         'outbox-bench', now(), 1 \
                  FROM (SELECT id, row_number() OVER (ORDER BY seq) - 1 AS n FROM outbox \
-                       WHERE published_at IS NULL ORDER BY seq LIMIT $1) AS oldest"
-            } else {
-                "UPDATE outbox SET lease_id = gen_random_uuid(), locked_until = now() + interval '1 hour', \
-                 attempts = 1, claimed_by = 'outbox-bench', claimed_at = now() \
-                 WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1)"
-            };
+                       WHERE published_at IS NULL ORDER BY seq LIMIT $1) AS oldest";
             sqlx::query(sql)
                 .bind(leases)
                 .execute(&mut self.history)
