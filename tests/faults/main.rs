@@ -117,7 +117,7 @@ async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack
         // The fault schedule: 2 s of load between losses.
         sleep(secs(2)).await;
         load.sampler
-            .begin(format!("lease table emptied ({round})"))
+            .begin_lease_loss(format!("lease table emptied ({round})"))
             .await;
         case.db.execute("TRUNCATE outbox_leases").await;
         load.sampler.end();

@@ -80,6 +80,18 @@ impl Sampler {
     /// A fault begins: what is under lease now, and from now on, is exposed.
     pub async fn begin(&self, what: impl Into<String>) {
         self.history.fault(what);
+        self.expose_from_now().await;
+    }
+
+    /// A fault that empties the lease table begins: as `begin`, and the
+    /// checker lets the rows under lease now be leased again while those
+    /// leases are still live in their workers' eyes.
+    pub async fn begin_lease_loss(&self, what: impl Into<String>) {
+        self.history.leases_lost(what);
+        self.expose_from_now().await;
+    }
+
+    async fn expose_from_now(&self) {
         sample(&self.pool, &self.history).await;
         *until(&self.until) = Some(Instant::now() + secs(3600));
     }
