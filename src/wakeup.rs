@@ -67,6 +67,7 @@ impl Queue {
 pub struct Waiters {
     queue: Mutex<Queue>,
     activity: tokio::sync::Notify,
+    registered: tokio::sync::Notify,
     next_id: AtomicU64,
 }
 
@@ -87,6 +88,7 @@ impl Waiters {
                 wake: tx,
             })
         });
+        self.registered.notify_one();
         Registration {
             waiters: Arc::clone(self),
             id,
@@ -112,6 +114,12 @@ impl Waiters {
     /// last call).
     pub async fn activity(&self) {
         self.activity.notified().await
+    }
+
+    /// Resolves once a claimer has registered since the last call (at once if
+    /// one did meanwhile: the signal keeps one permit, so none is missed).
+    pub async fn registered(&self) {
+        self.registered.notified().await
     }
 
     /// Wakes every waiter.

@@ -26,8 +26,7 @@ use crate::{
     service::{OutboxService, Outboxes},
     store::{self, AdoptMode, PgFeed, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
-    wakeup,
-    watch::{self, WatchSettings},
+    wakeup, watch,
 };
 
 /// The health-service name readiness probes ask about.
@@ -135,13 +134,9 @@ impl Server {
             wakeup::listen(notifications, outboxes.wakeup(), stop.clone()),
         );
         for outbox in outboxes.iter().cloned() {
-            let settings = WatchSettings {
-                probe_interval: config.probe_interval,
-                poll_interval: config.poll_interval,
-            };
             tasks.spawn(
                 format!("sequence watcher {}", outbox.name()),
-                watch::watch(outbox, settings, stop.clone()),
+                watch::watch(outbox, config.probe_interval, stop.clone()),
             );
         }
         // Stops at shutdown, before the rest, so nothing sets SERVING again
