@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{TestApp, secs, wait_until};
+use super::TestApp;
 
 impl TestApp {
     // ---- producer side ----
@@ -111,30 +111,6 @@ impl TestApp {
             .fetch_one(self.pool())
             .await
             .expect("read the database clock")
-    }
-
-    /// The backend pid of the server's LISTEN connection, if it has one.
-    pub async fn listener_pid(&self) -> Option<i32> {
-        sqlx::query_scalar::<_, i32>(
-            "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND query ILIKE 'LISTEN%'
-             ORDER BY backend_start DESC LIMIT 1",
-        )
-        .fetch_optional(self.pool())
-        .await
-        .expect("read pg_stat_activity")
-    }
-
-    /// Waits until the server listens for notifications. Tests that count
-    /// wake-ups wait for this first: when the listener (re)connects it wakes
-    /// every waiting claim once, since notifications may have been missed.
-    pub async fn listening(&self) {
-        wait_until(
-            secs(10),
-            "the server listens for notifications",
-            async || self.listener_pid().await.is_some(),
-        )
-        .await;
     }
 
     /// Counts UPDATE statements on `table` from now on (a statement-level trigger
