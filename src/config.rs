@@ -45,7 +45,7 @@ pub struct DatabaseArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// Maximum connections in the pool (plus one for LISTEN).
+    /// Maximum connections in the pool.
     #[arg(long, env = "OUTBOXD_DB_MAX_CONNECTIONS", default_value_t = 20)]
     pub db_max_connections: u32,
 

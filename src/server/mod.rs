@@ -24,9 +24,9 @@ use crate::{
     },
     metrics::{self, Metrics, ServerMetrics},
     service::{OutboxService, Outboxes},
-    store::{self, AdoptMode, PgFeed, PgStore, Store},
+    store::{self, AdoptMode, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
-    wakeup, watch,
+    watch,
 };
 
 /// The health-service name readiness probes ask about.
@@ -36,7 +36,6 @@ pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>:
 pub struct Server {
     config: Config,
     store: PgStore,
-    notifications: PgFeed,
     listener: TcpListener,
     metrics_listener: TcpListener,
 }
@@ -74,14 +73,9 @@ impl Server {
             () = cancel.cancelled() => return Err(StartError::Interrupted),
         }
         .with_statement_timeout(db.statement_timeout);
-        let notifications = store
-            .listen()
-            .await
-            .context("listening for outbox notifications")?;
         Ok(Self {
             config,
             store,
-            notifications,
             listener,
             metrics_listener,
         })
@@ -100,7 +94,6 @@ impl Server {
         let Self {
             config,
             store,
-            notifications,
             listener,
             metrics_listener,
         } = self;
@@ -128,10 +121,6 @@ impl Server {
                 config.metrics_interval,
                 stop.clone(),
             ),
-        );
-        tasks.spawn(
-            "notification listener",
-            wakeup::listen(notifications, outboxes.wakeup(), stop.clone()),
         );
         for outbox in outboxes.iter().cloned() {
             tasks.spawn(
