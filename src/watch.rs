@@ -234,10 +234,6 @@ mod tests {
             }
             Ok(self.value.load(Ordering::SeqCst))
         }
-
-        async fn mark_quiet(&self, _period: Duration) -> Result<(), StoreError> {
-            Ok(())
-        }
     }
 
     const PROBE_INTERVAL: Duration = Duration::from_millis(2);

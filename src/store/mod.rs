@@ -1,6 +1,6 @@
 //! The storage seam. The service and the background tasks see an outbox's
 //! storage only through these traits; PostgreSQL ([`postgres`]: sqlx, the
-//! pool, sequence probes, quiet marks) is one implementation,
+//! pool, sequence probes) is one implementation,
 //! and a second one (a lease table that writes less, an embedded backend)
 //! passes the same conformance suite (`tests/api/store_conformance.rs`).
 //!
@@ -11,7 +11,7 @@
 mod error;
 pub mod postgres;
 
-use std::{future::Future, time::Duration};
+use std::future::Future;
 
 pub use error::StoreError;
 pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgOutbox, PgStore, connect};
@@ -79,8 +79,4 @@ pub trait Arrivals: Send + Sync + 'static {
     /// A position that moves with every insert, taken at insert time: it may
     /// count rows whose transaction has not committed yet, or never will.
     fn sequence(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
-
-    /// Asks producers not to announce inserts for `period`, while this server
-    /// probes instead. A mark that is not renewed runs out by itself.
-    fn mark_quiet(&self, period: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
