@@ -105,6 +105,7 @@ struct Watcher<'a, S> {
     woken: i64,
     /// When a probe last found the sequence moved.
     moved_at: Option<Instant>,
+    /// When the last probe ran, answered or not: the next is timed from it.
     probed_at: Option<Instant>,
     /// Whether the last probe failed (only the first of a run is logged).
     failing: bool,
