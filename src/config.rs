@@ -45,7 +45,7 @@ pub struct DatabaseArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// Maximum connections in the pool (plus one for LISTEN).
+    /// Maximum connections in the pool.
     #[arg(long, env = "OUTBOXD_DB_MAX_CONNECTIONS", default_value_t = 20)]
     pub db_max_connections: u32,
 
@@ -166,15 +166,16 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_MAX_WAIT", value_parser = parse_duration, default_value = "20s")]
     pub max_wait: Duration,
 
-    /// How often a long-polling claim re-checks without a notification: the
-    /// safety net for lost notifications, due retries and expired leases.
+    /// How often a long-polling claim re-checks without a wake-up: the safety
+    /// net for due retries, expired leases, and for new rows when nothing
+    /// probes for them (`--probe-interval 0`, or a seq the probe cannot read).
     #[arg(long, env = "OUTBOXD_POLL_INTERVAL", value_parser = parse_duration, default_value = "500ms")]
     pub poll_interval: Duration,
 
-    /// While inserts keep arriving, how often the table's sequence is probed for
-    /// waiting claimers instead of having producers NOTIFY (notifying
-    /// transactions commit one at a time). 0 disables it: the trigger then
-    /// always notifies.
+    /// While claimers wait and inserts keep arriving, how often the table's
+    /// sequence is probed to wake them (after a second without an insert, every
+    /// 20 ms; never while nobody waits). Producers pay nothing on insert. 0
+    /// disables probing: waiting claimers then re-check every --poll-interval.
     #[arg(long, env = "OUTBOXD_PROBE_INTERVAL", value_parser = parse_duration, default_value = "2ms")]
     pub probe_interval: Duration,
 

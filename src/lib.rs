@@ -13,8 +13,8 @@
 //! The server (feature `server`, on by default), layers pointing inward:
 //! - [`lease`]: the rules (ids, limits, backoff, outcomes), no I/O;
 //! - [`store`]: all SQL, per configured outbox;
-//! - [`service`], [`wakeup`] and [`watch`]: the use cases, and long-poll fan-out
-//!   from NOTIFY or, while inserts keep arriving, from the table's sequence;
+//! - [`service`], [`wakeup`] and [`watch`]: the use cases, and long-poll
+//!   wake-ups from probes of the table's sequence while claimers wait;
 //! - [`grpc`]: validation, conversions and the one status mapping;
 //! - [`server`]: the composition root, with [`config`], [`telemetry`] and [`metrics`].
 

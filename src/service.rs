@@ -1,7 +1,7 @@
 //! The use cases behind the API. Everything but ClaimBatch is one store call;
 //! ClaimBatch applies the acks it carries beside its claim, and adds the long
-//! poll: claim, and if nothing was claimable wait for a notification, a poll
-//! tick, the deadline or shutdown, then claim again.
+//! poll: claim, and if nothing was claimable wait for a wake-up (see `watch`),
+//! a poll tick, the deadline or shutdown, then claim again.
 //! Here, too, each outcome is counted and each ended lease reported as a span.
 //!
 //! Each call first resolves the outbox it names (see [`Outboxes`]); generic
@@ -107,8 +107,8 @@ impl<S: OutboxStore> OutboxService<S> {
             }
             if !batch.messages.is_empty() {
                 if woken && batch.messages.len() == req.max_messages as usize {
-                    // A full batch suggests more work than the notification said
-                    // (counts collapse within a transaction): pass the baton on.
+                    // A full batch suggests more work than the wake-up said (it
+                    // was for fewer rows than there are): pass the baton on.
                     outbox.waiters.notify(1);
                 }
                 return Ok(batch);

@@ -1,14 +1,10 @@
-//! Wake-up fan-out to long-polling claimers, in process.
+//! Wake-up queues for long-polling claimers, one per outbox, in process.
 //!
-//! The store's arrivals feed announces `N rows committed to table T` (see
-//! `store::ArrivalFeed`). Each announcement wakes waiting ClaimBatch calls of
-//! the outboxes on T in arrival order until their batch capacity covers N,
-//! never all of them: a thundering herd of empty claims is what a busy queue
-//! can least afford. Announcements are not durable, so waiters also poll; when
-//! the feed says some may have been lost, everyone is woken once.
-//!
-//! While inserts keep arriving, producers stay silent (see `watch`) and the
-//! watcher wakes waiters here instead, from the table's sequence.
+//! The outbox's watcher (see `watch`) probes the table's sequence while
+//! claimers wait, and reports each move of N rows here. A report wakes waiting
+//! ClaimBatch calls in arrival order until their batch capacity covers N, never
+//! all of them: a thundering herd of empty claims is what a busy queue can
+//! least afford. Wake-ups are a shortcut, not a promise, so waiters also poll.
 
 use std::{
     collections::VecDeque,
@@ -18,13 +14,7 @@ use std::{
     },
 };
 
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
-
-use crate::{
-    outbox::TableRef,
-    store::{Arrival, ArrivalFeed},
-};
+use tokio::sync::{Notify, oneshot};
 
 #[derive(Debug)]
 struct Waiter {
@@ -52,21 +42,14 @@ impl Queue {
         }
         woken
     }
-
-    fn wake_all(&mut self) -> usize {
-        self.0
-            .drain(..)
-            .filter_map(|w| w.wake.send(()).ok())
-            .count()
-    }
 }
 
-/// One outbox's waiting claimers, and the signal that rows arrived (for the
-/// watcher).
+/// One outbox's waiting claimers, and the signal that one joined (for the
+/// watcher, which probes only while someone waits).
 #[derive(Debug, Default)]
 pub struct Waiters {
     queue: Mutex<Queue>,
-    activity: tokio::sync::Notify,
+    registered: Notify,
     next_id: AtomicU64,
 }
 
@@ -87,6 +70,7 @@ impl Waiters {
                 wake: tx,
             })
         });
+        self.registered.notify_one();
         Registration {
             waiters: Arc::clone(self),
             id,
@@ -99,24 +83,10 @@ impl Waiters {
         self.with_queue(|q| q.wake(rows))
     }
 
-    /// An announcement arrived: wake waiters, and tell the watcher that
-    /// inserts are coming in. It wakes even while the watcher probes: a probe
-    /// may have counted that insert before it committed, and a second wake-up
-    /// costs one empty claim where a missed one costs a poll interval.
-    pub fn notified(&self, rows: u64) -> usize {
-        self.activity.notify_one();
-        self.notify(rows)
-    }
-
-    /// Resolves at the next announcement (or at once if one came since the
-    /// last call).
-    pub async fn activity(&self) {
-        self.activity.notified().await
-    }
-
-    /// Wakes every waiter.
-    pub fn notify_all(&self) -> usize {
-        self.with_queue(Queue::wake_all)
+    /// Resolves once a claimer has registered since the last call (at once if
+    /// one did meanwhile: the signal keeps one permit, so none is missed).
+    pub async fn registered(&self) {
+        self.registered.notified().await
     }
 
     /// Claimers currently waiting.
@@ -140,7 +110,7 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Resolves when a notification picks this waiter.
+    /// Resolves when a wake-up picks this waiter.
     pub async fn woken(&mut self) {
         // The sender lives in the queue until it wakes us or we drop out of it.
         let _ = (&mut self.woken).await;
@@ -154,60 +124,12 @@ impl Drop for Registration {
     }
 }
 
-/// Routes the feed's announcements to the waiters of each outbox on a table.
-#[derive(Debug, Clone, Default)]
-pub struct Wakeup {
-    tables: Vec<(TableRef, Arc<Waiters>)>,
-}
-
-impl Wakeup {
-    pub fn new(outboxes: impl IntoIterator<Item = (TableRef, Arc<Waiters>)>) -> Self {
-        Self {
-            tables: outboxes.into_iter().collect(),
-        }
-    }
-
-    /// `rows` committed to `table`: wake the waiters of the outboxes on it.
-    pub fn arrived(&self, table: &TableRef, rows: u64) -> usize {
-        self.tables
-            .iter()
-            .filter(|(t, _)| t == table)
-            .map(|(_, waiters)| waiters.notified(rows))
-            .sum()
-    }
-
-    /// Announcements may have been lost: wake every waiter once rather than
-    /// leave them to the poll interval.
-    pub fn notify_all(&self) -> usize {
-        self.tables.iter().map(|(_, w)| w.notify_all()).sum()
-    }
-}
-
-/// Routes the arrivals feed to waiters until `cancel`. While the feed is down,
-/// claims still work: waiters fall back to polling.
-pub async fn listen(mut feed: impl ArrivalFeed, wakeup: Wakeup, cancel: CancellationToken) {
-    loop {
-        let arrival = tokio::select! {
-            () = cancel.cancelled() => return,
-            arrival = feed.next() => arrival,
-        };
-        match arrival {
-            Arrival::Inserted { table, rows } => {
-                wakeup.arrived(&table, rows);
-            }
-            Arrival::Lost => {
-                wakeup.notify_all();
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_notification_wakes_only_the_capacity_it_needs() {
+    fn a_wake_up_wakes_only_the_capacity_it_needs() {
         let waiters = Waiters::new();
         let mut regs: Vec<_> = (0..5).map(|_| waiters.register(10)).collect();
         assert_eq!(waiters.notify(1), 1);
@@ -232,19 +154,12 @@ mod tests {
         assert!(stays.woken.try_recv().is_ok());
     }
 
-    #[test]
-    fn announcements_reach_the_outboxes_on_their_table_only() {
-        let table = |name: &str| TableRef::new("public", name).expect("valid");
-        let (a, b, a_too) = (Waiters::new(), Waiters::new(), Waiters::new());
-        let wakeup = Wakeup::new([
-            (table("a"), Arc::clone(&a)),
-            (table("b"), Arc::clone(&b)),
-            (table("a"), Arc::clone(&a_too)),
-        ]);
-        let (_a, _b, _a_too) = (a.register(1), b.register(1), a_too.register(1));
-        assert_eq!(wakeup.arrived(&table("nope"), 10), 0);
-        assert_eq!(wakeup.arrived(&table("a"), 10), 2, "both outboxes on a");
-        assert_eq!(b.waiting(), 1);
-        assert_eq!(wakeup.notify_all(), 1);
+    #[tokio::test]
+    async fn a_registration_signals_the_watcher_even_before_it_waits_for_one() {
+        let waiters = Waiters::new();
+        let _claimer = waiters.register(1);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiters.registered())
+            .await
+            .expect("the signal kept its permit");
     }
 }

@@ -24,10 +24,9 @@ use crate::{
     },
     metrics::{self, Metrics, ServerMetrics},
     service::{OutboxService, Outboxes},
-    store::{self, AdoptMode, PgFeed, PgStore, Store},
+    store::{self, AdoptMode, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
-    wakeup,
-    watch::{self, WatchSettings},
+    watch,
 };
 
 /// The health-service name readiness probes ask about.
@@ -37,7 +36,6 @@ pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>:
 pub struct Server {
     config: Config,
     store: PgStore,
-    notifications: PgFeed,
     listener: TcpListener,
     metrics_listener: TcpListener,
 }
@@ -75,14 +73,9 @@ impl Server {
             () = cancel.cancelled() => return Err(StartError::Interrupted),
         }
         .with_statement_timeout(db.statement_timeout);
-        let notifications = store
-            .listen()
-            .await
-            .context("listening for outbox notifications")?;
         Ok(Self {
             config,
             store,
-            notifications,
             listener,
             metrics_listener,
         })
@@ -101,7 +94,6 @@ impl Server {
         let Self {
             config,
             store,
-            notifications,
             listener,
             metrics_listener,
         } = self;
@@ -130,18 +122,10 @@ impl Server {
                 stop.clone(),
             ),
         );
-        tasks.spawn(
-            "notification listener",
-            wakeup::listen(notifications, outboxes.wakeup(), stop.clone()),
-        );
         for outbox in outboxes.iter().cloned() {
-            let settings = WatchSettings {
-                probe_interval: config.probe_interval,
-                poll_interval: config.poll_interval,
-            };
             tasks.spawn(
                 format!("sequence watcher {}", outbox.name()),
-                watch::watch(outbox, settings, stop.clone()),
+                watch::watch(outbox, config.probe_interval, stop.clone()),
             );
         }
         // Stops at shutdown, before the rest, so nothing sets SERVING again

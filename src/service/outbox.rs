@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use crate::{
     store::{OutboxStore, StoreError},
-    wakeup::{Waiters, Wakeup},
+    wakeup::Waiters,
 };
 
 /// One configured outbox: its storage and its long-polling claimers.
@@ -62,13 +62,5 @@ impl<S: OutboxStore> Outboxes<S> {
 
     pub fn iter(&self) -> impl Iterator<Item = &Outbox<S>> {
         self.list.iter()
-    }
-
-    /// Routes the arrivals feed to these outboxes' waiters, by table.
-    pub fn wakeup(&self) -> Wakeup {
-        Wakeup::new(
-            self.iter()
-                .map(|o| (o.store.spec().table.clone(), Arc::clone(&o.waiters))),
-        )
     }
 }

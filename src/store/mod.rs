@@ -1,6 +1,6 @@
 //! The storage seam. The service and the background tasks see an outbox's
 //! storage only through these traits; PostgreSQL ([`postgres`]: sqlx, the
-//! pool, LISTEN/NOTIFY, sequence probes, quiet marks) is one implementation,
+//! pool, sequence probes) is one implementation,
 //! and a second one (a lease table that writes less, an embedded backend)
 //! passes the same conformance suite (`tests/api/store_conformance.rs`).
 //!
@@ -11,31 +11,25 @@
 mod error;
 pub mod postgres;
 
-use std::{future::Future, time::Duration};
+use std::future::Future;
 
 pub use error::StoreError;
-pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgFeed, PgOutbox, PgStore, connect};
+pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgOutbox, PgStore, connect};
 
 use crate::{
     lease::{AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, NackRequest, Settled, Stats},
-    outbox::{OutboxSpec, TableRef},
+    outbox::OutboxSpec,
 };
 
-/// A storage backend: the outboxes it serves, its health, and the feed that
-/// announces new rows.
+/// A storage backend: the outboxes it serves and its health.
 pub trait Store: Clone + Send + Sync + 'static {
     type Outbox: OutboxStore + Arrivals;
-    type Feed: ArrivalFeed;
 
     /// One handle per configured outbox, in configuration order.
     fn outboxes(&self) -> Vec<Self::Outbox>;
 
     /// Answers when the backend does: the health check.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Starts the arrivals feed. Called before serving, so that no claim can
-    /// wait before announcements are being received.
-    fn listen(&self) -> impl Future<Output = Result<Self::Feed, StoreError>> + Send;
 }
 
 /// One outbox's rows: the lease operations, bound to the outbox's table and
@@ -75,37 +69,14 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     fn purge_published(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
-/// How an outbox's new rows are noticed between announcements: while inserts
-/// keep arriving, announcing each would cost producers more than probing costs
-/// outboxd (see `watch`).
+/// How an outbox's new rows are noticed: by probing, from outboxd's side, so
+/// that producers pay nothing on insert (see `watch`).
 pub trait Arrivals: Send + Sync + 'static {
-    /// Whether [`Arrivals::sequence`] sees inserts; if not, only the feed wakes
-    /// claimers.
+    /// Whether [`Arrivals::sequence`] sees inserts; if not, waiting claimers
+    /// only re-check at the poll interval.
     fn probeable(&self) -> bool;
 
     /// A position that moves with every insert, taken at insert time: it may
-    /// count rows whose transaction has not committed yet.
+    /// count rows whose transaction has not committed yet, or never will.
     fn sequence(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
-
-    /// Asks producers not to announce inserts for `period`, while this server
-    /// probes instead. A mark that is not renewed runs out by itself.
-    fn mark_quiet(&self, period: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-/// What the arrivals feed reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Arrival {
-    /// An insert of `rows` rows into `table` committed.
-    Inserted { table: TableRef, rows: u64 },
-    /// Announcements may have been lost (the feed reconnected): every waiter
-    /// should look once.
-    Lost,
-}
-
-/// Announcements of committed inserts, in commit order; never of a rollback.
-/// Not durable: callers also poll.
-pub trait ArrivalFeed: Send + 'static {
-    /// The next announcement. The feed reconnects by itself and reports
-    /// [`Arrival::Lost`] when it did.
-    fn next(&mut self) -> impl Future<Output = Arrival> + Send;
 }

@@ -8,7 +8,8 @@ use tonic::{Code, Status};
 use uuid::Uuid;
 
 use crate::support::{
-    NOT_FOUND, OK, TestApp, claim_request, dur, ids, outcomes, secs, strings, wait_until, within,
+    NOT_FOUND, OK, TestApp, claim_request, dur, ids, millis, outcomes, secs, strings, wait_until,
+    within,
 };
 
 #[track_caller]
@@ -159,9 +160,13 @@ async fn two_outboxes_are_isolated() {
     assert_eq!(app.stats_of("default").await.published_retained, 0);
     assert_eq!(app.stats_of("default").await.in_flight, 2);
 
-    // A commit to one outbox does not wake a claim waiting on the other.
-    app.listening().await;
-    let order_claims = app.count_updates("public.orders_outbox").await;
+    // A commit to one outbox does not wake a claim waiting on the other. The
+    // orders rows above were committed while nobody waited, so the orders
+    // outbox owes its next waiter a wake-up (see `watch`): a short claim takes
+    // it first.
+    app.claim_from("orders", "w", 10, secs(30), millis(300))
+        .await;
+    let order_claims = app.count_claims("public.orders_outbox").await;
     let waiter = app.spawn_claim(claim_request("orders", "w", 10, secs(30), secs(2)));
     wait_until(secs(5), "the orders claim is waiting", async || {
         order_claims.get().await >= 1

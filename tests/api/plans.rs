@@ -35,10 +35,10 @@ async fn scans(app: &TestApp) -> (i64, i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_cached_on_an_empty_table_keep_using_the_indexes_as_history_grows() {
-    // Two connections, one of them the notification listener's: every statement
-    // below runs on the one session whose plans are cached.
+    // One connection: every statement below runs on the one session whose
+    // plans are cached.
     let app = TestApp::spawn_with(|args| {
-        args.set("--db-max-connections", "2");
+        args.set("--db-max-connections", "1");
     })
     .await;
     // As autovacuum leaves a drained table: analyzed while empty. Autovacuum is

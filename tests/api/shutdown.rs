@@ -15,8 +15,7 @@ async fn shutdown_ends_long_polls_and_stops_within_the_drain_timeout() {
             .set("--drain-timeout", "5s");
     })
     .await;
-    app.listening().await;
-    let claims = app.count_updates("public.outbox").await;
+    let claims = app.count_claims("public.outbox").await;
     let waiter = app.spawn_claim(claim_request("", "w", 10, secs(30), secs(10)));
     wait_until(secs(5), "the long poll is waiting", async || {
         claims.get().await >= 1

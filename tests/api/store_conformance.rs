@@ -1,7 +1,7 @@
-//! The store's behaviour, written once against its traits (`OutboxStore`,
-//! `Arrivals`, `ArrivalFeed`): every backend runs the same cases, each on a
-//! database of its own. A new backend implements `Backend` and adds one line
-//! to the list at the bottom.
+//! The store's behaviour, written once against its traits (`OutboxStore`;
+//! `Arrivals` has no case of its own yet): every backend runs the same cases,
+//! each on a database of its own. A new backend implements `Backend` and adds
+//! one line to the list at the bottom.
 
 use std::{sync::Arc, time::Duration};
 
@@ -11,16 +11,12 @@ use outboxd::{
         ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, Settled, WorkerId,
     },
     outbox::{OutboxPolicy, OutboxSpec, TableRef},
-    store::{
-        self, AdoptMode, Arrival, ArrivalFeed, Arrivals, ConnectSettings, OutboxStore, PgStore,
-        Store,
-    },
+    store::{self, AdoptMode, ConnectSettings, OutboxStore, PgStore, Store},
 };
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{TestDb, millis, secs, wait_until, within};
+use crate::support::{TestDb, millis, secs, wait_until};
 
 /// A storage backend under test.
 trait Backend {
@@ -58,10 +54,9 @@ impl Backend for Postgres {
     }
 }
 
-/// A test database, its store, and the store's one outbox (`public.outbox`).
+/// A test database and its store's one outbox (`public.outbox`).
 struct Fixture<S: Store> {
     db: Arc<TestDb>,
-    store: S,
     outbox: S::Outbox,
 }
 
@@ -74,7 +69,7 @@ async fn fixture<B: Backend>(policy: OutboxPolicy) -> Fixture<B::Store> {
     };
     let store = B::open(&db, &[spec]).await;
     let outbox = store.outboxes().remove(0);
-    Fixture { db, store, outbox }
+    Fixture { db, outbox }
 }
 
 fn table() -> TableRef {
@@ -184,14 +179,6 @@ async fn claim_when_due<O: OutboxStore>(
     })
     .await;
     batch.expect("claimed")
-}
-
-/// The feed's announcements on a channel: waiting on a channel with a timeout
-/// leaves nothing half-read, as cancelling the feed's own future might.
-fn announcements(mut feed: impl ArrivalFeed) -> mpsc::UnboundedReceiver<Arrival> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move { while tx.send(feed.next().await).is_ok() {} });
-    rx
 }
 
 mod cases {
@@ -458,73 +445,6 @@ mod cases {
         );
         assert_eq!(f.outbox.stats().await.expect("stats").published_retained, 1);
     }
-
-    pub async fn arrivals_announce_a_committed_insert_and_not_a_rolled_back_one<B: Backend>() {
-        let f = fixture::<B>(default_policy()).await;
-        let mut feed = announcements(f.store.listen().await.expect("listen"));
-
-        let mut tx = f.db.pool.begin().await.expect("begin");
-        sqlx::query("INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, 'a', 'e', '{}')")
-            .bind(Uuid::new_v4())
-            .execute(&mut *tx)
-            .await
-            .expect("insert");
-        tx.rollback().await.expect("rollback");
-        produce(&f.db, 3).await;
-
-        // Announcements come in commit order: the rolled-back insert, had it
-        // been announced, would come first.
-        let arrival = within(secs(10), "the committed insert is announced", feed.recv()).await;
-        assert_eq!(
-            arrival,
-            Some(Arrival::Inserted {
-                table: table(),
-                rows: 3
-            })
-        );
-    }
-
-    pub async fn a_quiet_mark_silences_announcements_until_it_runs_out_while_the_probe_sees_every_insert<
-        B: Backend,
-    >() {
-        let f = fixture::<B>(default_policy()).await;
-        assert!(f.outbox.probeable());
-        let mut feed = announcements(f.store.listen().await.expect("listen"));
-        let before = f.outbox.sequence().await.expect("probe");
-
-        f.outbox.mark_quiet(secs(2)).await.expect("mark");
-        produce(&f.db, 1).await;
-        let probed = f.outbox.sequence().await.expect("probe");
-        assert!(
-            probed > before,
-            "the probe sees the silenced insert ({before} → {probed})"
-        );
-
-        // Two rows at a time until the mark has run out: the first
-        // announcement is of two rows, never of the silenced one.
-        let mut announced = None;
-        wait_until(
-            secs(15),
-            "inserts are announced again once the mark ran out",
-            async || {
-                produce(&f.db, 2).await;
-                announced = tokio::time::timeout(millis(100), feed.recv())
-                    .await
-                    .ok()
-                    .flatten();
-                announced.is_some()
-            },
-        )
-        .await;
-        assert_eq!(
-            announced,
-            Some(Arrival::Inserted {
-                table: table(),
-                rows: 2
-            })
-        );
-        assert!(f.outbox.sequence().await.expect("probe") >= probed + 2);
-    }
 }
 
 /// The cases, as tests of one backend.
@@ -537,8 +457,6 @@ macro_rules! conformance {
             extend_moves_the_expiry_of_rows_still_under_the_lease,
             stats_count_pending_in_flight_dead_and_retained_rows,
             retention_purges_only_published_rows_older_than_the_retention,
-            arrivals_announce_a_committed_insert_and_not_a_rolled_back_one,
-            a_quiet_mark_silences_announcements_until_it_runs_out_while_the_probe_sees_every_insert,
         );
     };
     ($backend:ty: $($case:ident),+ $(,)?) => {

@@ -131,31 +131,24 @@ async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn outboxd_backends_terminated_listener_included_lose_nothing() {
+async fn outboxd_backends_terminated_lose_nothing() {
     let case = Case::begin().await;
     let server = Outboxd::start(&case.db.url(), free_port()).await;
     let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
-    let (mut backends, mut listener_hit) = (0, 0);
+    let mut backends = 0;
     for round in 1..=5 {
         // The fault schedule: 2 s of load between terminations.
         sleep(secs(2)).await;
         load.sampler
             .begin(format!("pg_terminate_backend of outboxd ({round})"))
             .await;
-        let (terminated, listener) = case.db.terminate_outboxd_backends().await;
+        let terminated = case.db.terminate_outboxd_backends().await;
         assert!(terminated > 0, "outboxd has backends to terminate");
         backends += terminated;
-        listener_hit += usize::from(listener);
         load.sampler.end();
     }
-    println!(
-        "pg_terminate_backend: {backends} outboxd backends, the LISTEN one in {listener_hit} of 5 rounds"
-    );
-    assert!(
-        listener_hit > 0,
-        "the LISTEN backend was terminated at least once"
-    );
+    println!("pg_terminate_backend: {backends} outboxd backends in 5 rounds");
     load.conclude(&case, "pg_terminate_backend").await;
     drop(server);
 }

@@ -5,7 +5,6 @@
 mod adopt;
 mod connect;
 mod error;
-mod listen;
 mod outbox;
 mod rows;
 mod schema;
@@ -18,7 +17,6 @@ use sqlx::PgPool;
 
 pub use adopt::AdoptMode;
 pub use connect::{ConnectError, ConnectSettings, connect};
-pub use listen::PgFeed;
 pub use outbox::PgOutbox;
 
 use crate::{
@@ -73,7 +71,6 @@ impl PgStore {
 
 impl Store for PgStore {
     type Outbox = PgOutbox;
-    type Feed = PgFeed;
 
     fn outboxes(&self) -> Vec<PgOutbox> {
         self.outboxes.clone()
@@ -84,10 +81,6 @@ impl Store for PgStore {
         sqlx::query("SELECT 1").execute(&mut *conn).await?;
         conn.finish();
         Ok(())
-    }
-
-    async fn listen(&self) -> Result<PgFeed, StoreError> {
-        PgFeed::connect(self.pool()).await
     }
 }
 

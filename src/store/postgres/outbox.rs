@@ -21,7 +21,6 @@ use crate::{
 
 const WATCH: &str = include_str!("queries/watch.sql");
 const PROBE: &str = include_str!("queries/probe.sql");
-const MARK_QUIET: &str = include_str!("queries/mark_quiet.sql");
 
 /// How many times a claim looks when concurrent claims took every row it chose.
 const CLAIM_LOOKS: u32 = 3;
@@ -31,8 +30,6 @@ const CLAIM_LOOKS: u32 = 3;
 struct Prepared {
     spec: OutboxSpec,
     sql: Statements,
-    /// The table's oid: the key of its quiet mark.
-    relid: Oid,
     /// The sequence behind the table's seq column, when it can be probed.
     sequence: Option<Oid>,
 }
@@ -57,7 +54,6 @@ impl PgOutbox {
             prepared: Arc::new(Prepared {
                 spec: spec.clone(),
                 sql,
-                relid: ids.try_get("relid")?,
                 sequence: ids.try_get("sequence")?,
             }),
             session: Session::new(pool.clone()),
@@ -336,21 +332,6 @@ impl Arrivals for PgOutbox {
             .await?;
         conn.finish();
         Ok(value)
-    }
-
-    /// Writes the quiet mark the table's trigger reads before it notifies.
-    async fn mark_quiet(&self, period: Duration) -> Result<(), StoreError> {
-        let mut conn = self.session.conn().await?;
-        self.session
-            .bounded(
-                sqlx::query(MARK_QUIET)
-                    .bind(self.prepared.relid)
-                    .bind(period.as_secs_f64())
-                    .execute(&mut *conn),
-            )
-            .await?;
-        conn.finish();
-        Ok(())
     }
 }
 

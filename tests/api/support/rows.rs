@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{TestApp, secs, wait_until};
+use super::TestApp;
 
 impl TestApp {
     // ---- producer side ----
@@ -120,36 +120,12 @@ impl TestApp {
             .expect("read the database clock")
     }
 
-    /// The backend pid of the server's LISTEN connection, if it has one.
-    pub async fn listener_pid(&self) -> Option<i32> {
-        sqlx::query_scalar::<_, i32>(
-            "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND query ILIKE 'LISTEN%'
-             ORDER BY backend_start DESC LIMIT 1",
-        )
-        .fetch_optional(self.pool())
-        .await
-        .expect("read pg_stat_activity")
-    }
-
-    /// Waits until the server listens for notifications. Tests that count
-    /// wake-ups wait for this first: when the listener (re)connects it wakes
-    /// every waiting claim once, since notifications may have been missed.
-    pub async fn listening(&self) {
-        wait_until(
-            secs(10),
-            "the server listens for notifications",
-            async || self.listener_pid().await.is_some(),
-        )
-        .await;
-    }
-
     /// Counts INSERT statements into `table`'s lease table from now on (every
     /// claim runs one, and a statement-level trigger fires even when no row is
     /// inserted), so a test can see how often the server ran a claim: an empty
     /// claim leases nothing but still counts. A claim joins the wake-up queue
     /// before it looks, so once its look is counted it is waiting.
-    pub async fn count_updates(&self, table: &str) -> UpdateCounter {
+    pub async fn count_claims(&self, table: &str) -> ClaimCounter {
         let suffix = table.replace('.', "_");
         let sequence = format!("test_updates_{suffix}");
         self.db
@@ -157,25 +133,25 @@ impl TestApp {
                 "CREATE SEQUENCE {sequence} MINVALUE 0 START 0;
                  CREATE OR REPLACE FUNCTION test_count_update() RETURNS trigger LANGUAGE plpgsql AS $$
                  BEGIN PERFORM nextval(TG_ARGV[0]::regclass); RETURN NULL; END $$;
-                 CREATE TRIGGER test_count_updates AFTER INSERT ON {table}_leases
+                 CREATE TRIGGER test_count_claims AFTER INSERT ON {table}_leases
                      FOR EACH STATEMENT EXECUTE FUNCTION test_count_update('{sequence}');"
             ))
             .await;
-        UpdateCounter {
+        ClaimCounter {
             pool: self.pool().clone(),
             sequence,
         }
     }
 }
 
-/// See [`TestApp::count_updates`].
+/// See [`TestApp::count_claims`].
 #[derive(Debug)]
-pub struct UpdateCounter {
+pub struct ClaimCounter {
     pool: PgPool,
     sequence: String,
 }
 
-impl UpdateCounter {
+impl ClaimCounter {
     /// Claim statements run on the table so far (sequences are not
     /// transactional, so statements still in flight count too).
     pub async fn get(&self) -> i64 {

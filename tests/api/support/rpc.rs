@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use tokio::task::JoinHandle;
 
-use super::{TestApp, app::RPC_GUARD, rows::UpdateCounter, secs, wait_until, within};
+use super::{TestApp, app::RPC_GUARD, rows::ClaimCounter, secs, wait_until, within};
 
 pub use pb::Outcome::{
     AlreadyDone as ALREADY_DONE, DeadLettered as DEAD_LETTERED, LeaseLost as LEASE_LOST,
@@ -69,7 +69,7 @@ impl TestApp {
 
     /// A long poll that has looked once (counted by `claims`) and waits gets
     /// the one event committed then: how long after the commit it answered.
-    pub async fn wake_latency(&self, claims: &UpdateCounter) -> Duration {
+    pub async fn wake_latency(&self, claims: &ClaimCounter) -> Duration {
         let looked = claims.get().await;
         let waiter = self.spawn_claim(claim_request("", "w", 10, secs(30), secs(10)));
         wait_until(

@@ -57,12 +57,11 @@ impl TestDb {
             .expect("count published events")
     }
 
-    /// Terminates every outboxd backend of this database (the LISTEN one
-    /// included), nobody else's; returns how many, and whether the listener was one.
-    pub async fn terminate_outboxd_backends(&self) -> (i64, bool) {
-        sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)),
-                    coalesce(bool_or(query ILIKE 'LISTEN%'), false)
+    /// Terminates every outboxd backend of this database, nobody else's;
+    /// returns how many.
+    pub async fn terminate_outboxd_backends(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
              FROM pg_stat_activity
              WHERE datname = current_database()
                AND application_name = 'outboxd'
