@@ -111,9 +111,7 @@ impl OutboxStore for PgOutbox {
         &self.prepared.spec
     }
 
-    /// Two statements in one transaction: the claim, then its check on a
-    /// newer snapshot (`claim_check.sql` says why). Neither writes WAL unless
-    /// a row is dead-lettered.
+    /// One autocommit statement, which writes no WAL unless it dead-letters.
     ///
     /// Claims running at the same moment read the same first rows, and all
     /// but one find them taken. A claim that got nothing for that reason looks
@@ -122,12 +120,8 @@ impl OutboxStore for PgOutbox {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
         let lease_id = LeaseId::generate();
         let mut conn = self.session.conn().await?;
-        let mut tx = self
-            .session
-            .bounded(sqlx::Connection::begin(&mut *conn))
-            .await?;
         let mut looks = 0;
-        let mut batch = loop {
+        let batch = loop {
             looks += 1;
             let rows = self
                 .session
@@ -140,7 +134,7 @@ impl OutboxStore for PgOutbox {
                         .bind(self.max_attempts())
                         .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
                         .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
-                        .fetch_all(&mut *tx),
+                        .fetch_all(&mut *conn),
                 )
                 .await?;
             let mut lost = 0;
@@ -150,29 +144,6 @@ impl OutboxStore for PgOutbox {
                 break batch;
             }
         };
-        if !batch.messages.is_empty() {
-            let settled_meanwhile: HashSet<Uuid> = self
-                .session
-                .bounded(
-                    sqlx::query_scalar(AssertSqlSafe(self.sql().claim_check.clone()))
-                        .bind(lease_id.as_uuid())
-                        .fetch_all(&mut *tx),
-                )
-                .await?
-                .into_iter()
-                .collect();
-            if !settled_meanwhile.is_empty() {
-                batch
-                    .messages
-                    .retain(|m| !settled_meanwhile.contains(&m.id));
-                tracing::debug!(
-                    outbox = self.prepared.spec.name,
-                    rows = settled_meanwhile.len(),
-                    "claim skipped rows settled while it ran"
-                );
-            }
-        }
-        self.session.bounded(tx.commit()).await?;
         conn.finish();
         Ok(batch)
     }

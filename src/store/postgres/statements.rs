@@ -7,7 +7,6 @@ use super::strip_comments;
 use crate::outbox::TableRef;
 
 const CLAIM: &str = include_str!("queries/claim.sql");
-const CLAIM_CHECK: &str = include_str!("queries/claim_check.sql");
 const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
 const SETTLED: &str = include_str!("queries/settled.sql");
 const ACK: &str = include_str!("queries/ack.sql");
@@ -23,11 +22,7 @@ const BY_LEASE: &str = "l.lease_id = $1::uuid AND cardinality($2::uuid[]) = 0";
 
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
-    /// The claim's first statement: chooses and leases rows.
     pub claim: Arc<str>,
-    /// The claim's second statement, in the same transaction: drops leases
-    /// on rows settled while the first one ran.
-    pub claim_check: Arc<str>,
     /// Ack of the rows still held: the one statement of a normal ack.
     pub ack_held: Arc<str>,
     /// Classifies the ids `ack_held` did not settle.
@@ -63,7 +58,6 @@ impl Statements {
         let expires = ",\n       now() + $3::interval AS expires_at";
         Self {
             claim: build(CLAIM),
-            claim_check: build(CLAIM_CHECK),
             ack_held: build(&ACK_HELD.replace(
                 "{settle}",
                 if delete_on_ack {
@@ -104,10 +98,9 @@ pub(crate) const LEASES_SUFFIX: &str = "leases";
 mod tests {
     use super::*;
 
-    fn all(s: &Statements) -> [&Arc<str>; 10] {
+    fn all(s: &Statements) -> [&Arc<str>; 9] {
         [
             &s.claim,
-            &s.claim_check,
             &s.ack_held,
             &s.ack,
             &s.nack,
@@ -166,7 +159,6 @@ mod tests {
             assert_eq!(outbox_writes(&s.extend), 0);
             assert_eq!(outbox_writes(&s.extend_all), 0);
             assert_eq!(outbox_writes(&s.ack), 0);
-            assert_eq!(outbox_writes(&s.claim_check), 0);
             // The claim writes the outbox row only in its dead-letter step.
             assert_eq!(outbox_writes(&s.claim), 1);
             assert!(s.claim.contains("dead_lettered_at = now()"));

@@ -1,7 +1,18 @@
--- Leases up to $1 claimable rows: the first statement of a claim's transaction
--- (claim_check.sql is the second). It writes the lease table only ({leases},
--- unlogged): no WAL, no index of the outbox table changes. The outbox row is
--- written only to dead-letter it.
+-- Leases up to $1 claimable rows in one autocommit statement. It writes the
+-- lease table only ({leases}, unlogged): no WAL, no index of the outbox table
+-- changes, no outbox row is locked. The outbox row is written only to
+-- dead-letter it.
+--
+-- The lease row is the fence. An expired lease is taken over by locking its
+-- lease row (SKIP LOCKED), so a settle of it in progress or committed meanwhile
+-- is never overtaken. A fresh row is taken by inserting its lease row; a
+-- concurrent claim's insert makes this one skip the row. One case is left to
+-- at-least-once: if, while this statement runs, another claim leases a fresh
+-- row and its worker publishes and settles it (a whole claim, publish, confirm
+-- and ack inside this one statement), the row can be handed out once more; its
+-- ack then answers LEASE_LOST ("already published") and nothing is lost.
+-- Closing that window would cost every claim a second statement and a
+-- transaction around the two.
 -- $1 batch size, $2 lease id, $3 lease duration, $4 worker id, $5 max attempts,
 -- $6 byte budget of the batch, $7 largest event handed out at all (bytes).
 --
