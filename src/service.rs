@@ -129,6 +129,7 @@ impl<S: OutboxStore> OutboxService<S> {
                     .filter(|d| *d <= LAST_RECHECK && *d < tick);
             }
             let nap = recheck.unwrap_or(tick).min(deadline - now);
+            registration.park();
             woken = tokio::select! {
                 () = self.stopping.cancelled() => return Ok(batch),
                 () = registration.woken() => true,

@@ -21,6 +21,8 @@ struct Waiter {
     id: u64,
     capacity: u64,
     wake: oneshot::Sender<()>,
+    /// Its claim came back empty and it now waits (see `Registration::park`).
+    parked: bool,
 }
 
 #[derive(Debug, Default)]
@@ -44,12 +46,12 @@ impl Queue {
     }
 }
 
-/// One outbox's waiting claimers, and the signal that one joined (for the
-/// watcher, which probes only while someone waits).
+/// One outbox's claimers in the wake-up queue, and the signal that one began
+/// to wait (for the watcher, which probes only while someone waits).
 #[derive(Debug, Default)]
 pub struct Waiters {
     queue: Mutex<Queue>,
-    registered: Notify,
+    parked: Notify,
     next_id: AtomicU64,
 }
 
@@ -68,9 +70,9 @@ impl Waiters {
                 id,
                 capacity: u64::from(capacity.max(1)),
                 wake: tx,
+                parked: false,
             })
         });
-        self.registered.notify_one();
         Registration {
             waiters: Arc::clone(self),
             id,
@@ -83,15 +85,15 @@ impl Waiters {
         self.with_queue(|q| q.wake(rows))
     }
 
-    /// Resolves once a claimer has registered since the last call (at once if
-    /// one did meanwhile: the signal keeps one permit, so none is missed).
-    pub async fn registered(&self) {
-        self.registered.notified().await
+    /// Resolves once a claimer has begun to wait since the last call (at once
+    /// if one did meanwhile: the signal keeps one permit, so none is missed).
+    pub async fn parked(&self) {
+        self.parked.notified().await
     }
 
-    /// Claimers currently waiting.
+    /// Claimers currently waiting (not those whose claim is still running).
     pub fn waiting(&self) -> usize {
-        self.with_queue(|q| q.0.len())
+        self.with_queue(|q| q.0.iter().filter(|w| w.parked).count())
     }
 
     fn with_queue<T>(&self, f: impl FnOnce(&mut Queue) -> T) -> T {
@@ -110,6 +112,19 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Its claim came back empty: it waits now, and the watcher should probe.
+    /// Every claim registers before it looks, but only the ones that then wait
+    /// count: in a drain, a probe per claim was a statement per batch.
+    pub fn park(&self) {
+        let id = self.id;
+        self.waiters.with_queue(|q| {
+            if let Some(waiter) = q.0.iter_mut().find(|w| w.id == id) {
+                waiter.parked = true;
+            }
+        });
+        self.waiters.parked.notify_one();
+    }
+
     /// Resolves when a wake-up picks this waiter.
     pub async fn woken(&mut self) {
         // The sender lives in the queue until it wakes us or we drop out of it.
@@ -128,10 +143,16 @@ impl Drop for Registration {
 mod tests {
     use super::*;
 
+    fn parked(waiters: &Arc<Waiters>, capacity: u32) -> Registration {
+        let registration = waiters.register(capacity);
+        registration.park();
+        registration
+    }
+
     #[test]
     fn a_wake_up_wakes_only_the_capacity_it_needs() {
         let waiters = Waiters::new();
-        let mut regs: Vec<_> = (0..5).map(|_| waiters.register(10)).collect();
+        let mut regs: Vec<_> = (0..5).map(|_| parked(&waiters, 10)).collect();
         assert_eq!(waiters.notify(1), 1);
         assert_eq!(waiters.waiting(), 4);
         assert_eq!(waiters.notify(15), 2);
@@ -146,8 +167,8 @@ mod tests {
     #[test]
     fn dropped_waiters_leave_the_queue_and_are_not_counted() {
         let waiters = Waiters::new();
-        let gone = waiters.register(100);
-        let mut stays = waiters.register(1);
+        let gone = parked(&waiters, 100);
+        let mut stays = parked(&waiters, 1);
         drop(gone);
         assert_eq!(waiters.waiting(), 1);
         assert_eq!(waiters.notify(1), 1);
@@ -155,10 +176,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_registration_signals_the_watcher_even_before_it_waits_for_one() {
+    async fn only_a_claimer_that_waits_counts_and_signals_the_watcher() {
         let waiters = Waiters::new();
-        let _claimer = waiters.register(1);
-        tokio::time::timeout(std::time::Duration::from_secs(1), waiters.registered())
+        let mut claiming = waiters.register(1);
+        assert_eq!(waiters.waiting(), 0, "its claim is still running");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(10), waiters.parked())
+                .await
+                .is_err(),
+            "registering alone does not signal"
+        );
+        assert_eq!(waiters.notify(1), 1, "but a wake-up reaches it");
+        assert!(claiming.woken.try_recv().is_ok());
+        let _waiting = parked(&waiters, 1);
+        assert_eq!(waiters.waiting(), 1);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiters.parked())
             .await
             .expect("the signal kept its permit");
     }

@@ -7,7 +7,8 @@
 //!
 //! One watcher per outbox:
 //!
-//! - **nobody waits**: it does not probe at all; a claimer that registers
+//! - **nobody waits**: it does not probe at all; a claimer whose claim came
+//!   back empty and that starts to wait
 //!   wakes it, and it probes at once (never sooner than `probe_interval` after
 //!   the last probe);
 //! - **claimers wait**: it probes every `probe_interval` while the sequence
@@ -120,7 +121,7 @@ impl<S: Arrivals> Watcher<'_, S> {
             } else if self.waiters.waiting() == 0 {
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    () = self.waiters.registered() => {}
+                    () = self.waiters.parked() => {}
                 }
                 self.least_gap()
             } else {
@@ -280,6 +281,13 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A claimer whose claim came back empty, waiting.
+    fn parked(waiters: &Arc<Waiters>, capacity: u32) -> crate::wakeup::Registration {
+        let registration = waiters.register(capacity);
+        registration.park();
+        registration
+    }
+
     #[tokio::test(start_paused = true)]
     async fn nothing_is_probed_while_nobody_waits() {
         let w = Running::start(FakeSequence::default(), PROBE_INTERVAL);
@@ -295,15 +303,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_claimer_that_registers_is_probed_for_at_once_and_woken_for_rows_since_the_last_probe()
+    async fn a_claimer_that_starts_to_wait_is_probed_for_at_once_and_woken_for_rows_since_the_last_probe()
      {
         let w = Running::start(FakeSequence::default(), PROBE_INTERVAL);
         tokio::time::sleep(Duration::from_secs(1)).await;
         w.seq.advance(3);
-        let mut claimer = w.waiters.register(10);
+        let mut claimer = parked(&w.waiters, 10);
         tokio::time::timeout(ms(1), claimer.woken())
             .await
-            .expect("woken by the probe its registration set off");
+            .expect("woken by the probe its wait set off");
         assert_eq!(w.seq.probes(), 2);
         w.stop().await;
     }
@@ -312,7 +320,7 @@ mod tests {
     async fn a_moving_sequence_is_probed_every_probe_interval_and_a_quiet_one_every_20_ms() {
         let w = Running::start(FakeSequence::default(), PROBE_INTERVAL);
         // Plenty of waiters of one row each, so that moves never empty the queue.
-        let _claimers: Vec<_> = (0..1000).map(|_| w.waiters.register(1)).collect();
+        let _claimers: Vec<_> = (0..1000).map(|_| parked(&w.waiters, 1)).collect();
         let mover = tokio::spawn({
             let seq = w.seq.clone();
             async move {
@@ -349,7 +357,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_move_wakes_as_many_waiters_as_it_has_rows_for() {
         let w = Running::start(FakeSequence::default(), PROBE_INTERVAL);
-        let _small: Vec<_> = (0..5).map(|_| w.waiters.register(1)).collect();
+        let _small: Vec<_> = (0..5).map(|_| parked(&w.waiters, 1)).collect();
         tokio::time::sleep(ms(50)).await;
         w.seq.advance(2);
         tokio::time::sleep(ms(25)).await;
@@ -363,11 +371,11 @@ mod tests {
         tokio::time::sleep(ms(10)).await;
         w.seq.advance(4);
         // A claimer that comes and goes before the probe it set off.
-        drop(w.waiters.register(10));
+        drop(parked(&w.waiters, 10));
         tokio::time::sleep(ms(10)).await;
-        assert_eq!(w.seq.probes(), 2, "the registration was probed for");
+        assert_eq!(w.seq.probes(), 2, "the wait was probed for");
 
-        let mut next = w.waiters.register(10);
+        let mut next = parked(&w.waiters, 10);
         tokio::time::timeout(ms(5), next.woken())
             .await
             .expect("the next claimer is woken for the rows owed");
@@ -378,7 +386,7 @@ mod tests {
     async fn database_errors_back_off_to_the_quiet_period_and_probing_recovers() {
         let w = Running::start(FakeSequence::default(), PROBE_INTERVAL);
         tokio::time::sleep(ms(1)).await;
-        let mut claimer = w.waiters.register(1);
+        let mut claimer = parked(&w.waiters, 1);
         w.seq.advance(1);
         w.seq.failing.store(true, Ordering::SeqCst);
         let failed = w.probes_during(Duration::from_secs(1)).await;
@@ -407,7 +415,7 @@ mod tests {
             ),
         ] {
             let w = Running::start(seq, interval);
-            let _claimer = w.waiters.register(1);
+            let _claimer = parked(&w.waiters, 1);
             tokio::time::timeout(ms(1), w.task)
                 .await
                 .expect("the watcher returns at once")

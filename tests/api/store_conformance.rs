@@ -1,7 +1,7 @@
-//! The store's behaviour, written once against its traits (`OutboxStore`;
-//! `Arrivals` has no case of its own yet): every backend runs the same cases,
-//! each on a database of its own. A new backend implements `Backend` and adds
-//! one line to the list at the bottom.
+//! The store's behaviour, written once against its traits (`OutboxStore`,
+//! `Arrivals`): every backend runs the same cases, each on a database of its
+//! own. A new backend implements `Backend` and adds one line to the list at
+//! the bottom.
 
 use std::{sync::Arc, time::Duration};
 
@@ -11,7 +11,7 @@ use outboxd::{
         ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, Settled, WorkerId,
     },
     outbox::{OutboxPolicy, OutboxSpec, TableRef},
-    store::{self, AdoptMode, ConnectSettings, OutboxStore, PgStore, Store},
+    store::{self, AdoptMode, Arrivals, ConnectSettings, OutboxStore, PgStore, Store},
 };
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -24,6 +24,11 @@ trait Backend {
 
     /// A store serving `specs` on `db`, its tables ready.
     async fn open(db: &TestDb, specs: &[OutboxSpec]) -> Self::Store;
+
+    /// Does to the lease state of `public.outbox` what a crash of the backend
+    /// (or a failover) may do to it. A backend whose leases survive a crash
+    /// does nothing here.
+    async fn lose_lease_state(db: &TestDb);
 }
 
 struct Postgres;
@@ -51,6 +56,12 @@ impl Backend for Postgres {
             .await
             .expect("open the store")
             .with_statement_timeout(secs(5))
+    }
+
+    /// The lease table is unlogged: PostgreSQL empties it when it recovers
+    /// from a crash, and a promoted replica starts without its rows.
+    async fn lose_lease_state(db: &TestDb) {
+        db.execute("TRUNCATE public.outbox_leases").await;
     }
 }
 
@@ -183,6 +194,70 @@ async fn claim_when_due<O: OutboxStore>(
 
 mod cases {
     use super::*;
+
+    pub async fn leases_lost_in_a_crash_fence_their_settles_and_free_their_rows<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 3).await;
+        let first = f.outbox.claim(&claim(2, secs(60))).await.expect("claim");
+        assert_eq!(ids_of(&first), ids[..2]);
+
+        B::lose_lease_state(&f.db).await;
+
+        let leased: Vec<Uuid> = ids_of(&first);
+        let refused = f
+            .outbox
+            .ack(&ack(first.lease_id, &leased))
+            .await
+            .expect("ack");
+        let lost = Outcome::LeaseLost;
+        assert!(outcomes(&refused).iter().all(|o| *o == lost), "{refused:?}");
+        let extended = f
+            .outbox
+            .extend(&extend(first.lease_id, &leased, secs(60)))
+            .await
+            .expect("extend");
+        assert!(outcomes(&extended).iter().all(|o| *o == lost));
+
+        let again = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert_eq!(
+            ids_of(&again),
+            ids,
+            "every row is claimable again, in order"
+        );
+        let acked = f.outbox.ack(&ack(again.lease_id, &ids)).await.expect("ack");
+        assert!(outcomes(&acked).iter().all(|o| *o == Outcome::Ok));
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.in_flight), (0, 0));
+    }
+
+    pub async fn the_probed_sequence_moves_with_every_insert_committed_or_not<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        assert!(f.outbox.probeable());
+        let start = f.outbox.sequence().await.expect("probe");
+        produce(&f.db, 2).await;
+        let committed = f.outbox.sequence().await.expect("probe");
+        assert!(committed >= start + 2, "{start} -> {committed}");
+
+        let mut tx = f.db.pool.begin().await.expect("begin");
+        sqlx::query(
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, 'a', 'e', '{}')",
+        )
+        .bind(Uuid::new_v4())
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+        let uncommitted = f.outbox.sequence().await.expect("probe");
+        assert!(
+            uncommitted > committed,
+            "an insert moves it before its commit"
+        );
+        tx.rollback().await.expect("rollback");
+        assert_eq!(
+            f.outbox.sequence().await.expect("probe"),
+            uncommitted,
+            "a rollback does not move it back"
+        );
+    }
 
     pub async fn claim_hands_out_rows_in_sequence_order_and_fences_them_from_a_second_claim<
         B: Backend,
@@ -457,6 +532,8 @@ macro_rules! conformance {
             extend_moves_the_expiry_of_rows_still_under_the_lease,
             stats_count_pending_in_flight_dead_and_retained_rows,
             retention_purges_only_published_rows_older_than_the_retention,
+            leases_lost_in_a_crash_fence_their_settles_and_free_their_rows,
+            the_probed_sequence_moves_with_every_insert_committed_or_not,
         );
     };
     ($backend:ty: $($case:ident),+ $(,)?) => {
