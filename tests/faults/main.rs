@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep};
 const EVENTS: usize = 3000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn outboxd_killed_9_and_restarted_loses_nothing_and_fences_every_stale_ack() {
+async fn outboxd_killed_9_and_restarted_loses_nothing_and_accepts_no_stale_ack() {
     let case = Case::begin().await;
     let port = free_port();
     let mut server = Outboxd::start(&case.db.url(), port).await;
@@ -39,8 +39,10 @@ async fn outboxd_killed_9_and_restarted_loses_nothing_and_fences_every_stale_ack
         server = Outboxd::start(&case.db.url(), port).await;
         load.sampler.end();
     }
-    let figures = load.conclude(&case, "kill -9 outboxd").await;
-    assert!(figures.fenced > 0, "stale acks were sent, and fenced");
+    // Whether a worker's ack outlives its lease here depends on how fast
+    // outboxd comes back; the checker refuses any stale ack that was accepted,
+    // and the lease-loss case below sends stale acks on every run.
+    load.conclude(&case, "kill -9 outboxd").await;
     drop(server);
 }
 
