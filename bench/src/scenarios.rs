@@ -905,22 +905,7 @@ async fn producer_run(
     match (mode, design) {
         (ProducerMode::Stopped, _) | (ProducerMode::Idle, Design::Classic) => {}
         (ProducerMode::Idle | ProducerMode::Draining, Design::Outboxd) => {
-            let (outboxd, addr) =
-                procs::start_outboxd(&ctx.bins, &url, &ctx.log_dir, "producers").await?;
-            ctx.record(&outboxd.cmdline).await;
-            if draining {
-                let opts = RelayOpts {
-                    server: addr,
-                    amqp_url: &ctx.args.amqp_url,
-                    exchange: &ctx.rabbit.exchange,
-                    batch: plan.latency_batch,
-                    concurrency: plan.latency_workers,
-                };
-                let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "producers")?;
-                ctx.record(&relay.cmdline).await;
-                procs_running.push(relay);
-            }
-            procs_running.push(outboxd);
+            procs_running = start_outboxd_service(ctx, plan, &url, "producers", draining).await?;
         }
         (ProducerMode::Draining, Design::Classic) => {
             classic_workers = Some(
@@ -1125,21 +1110,8 @@ async fn latency_run(
     let _stop_guard = classic::StopGuard(Arc::clone(&shared));
     match design {
         Design::Outboxd => {
-            let (outboxd, addr) =
-                procs::start_outboxd(&ctx.bins, &ctx.url(db_name)?, &ctx.log_dir, "latency")
-                    .await?;
-            ctx.record(&outboxd.cmdline).await;
-            let opts = RelayOpts {
-                server: addr,
-                amqp_url: &ctx.args.amqp_url,
-                exchange: &ctx.rabbit.exchange,
-                batch: plan.latency_batch,
-                concurrency: plan.latency_workers,
-            };
-            let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "latency")?;
-            ctx.record(&relay.cmdline).await;
-            procs_running.push(relay);
-            procs_running.push(outboxd);
+            procs_running =
+                start_outboxd_service(ctx, plan, &ctx.url(db_name)?, "latency", true).await?;
         }
         Design::Classic => {
             let poll = Duration::from_millis(poll_ms.unwrap_or(100));
@@ -1584,4 +1556,33 @@ async fn measure_claims(
         empty_sql_ms,
         plan: plan_text,
     })
+}
+
+/// outboxd on `url` and, with `relay`, an `outbox-relay` at the latency
+/// scenario's shape draining it: the processes to stop afterwards, the relay
+/// first.
+async fn start_outboxd_service(
+    ctx: &Ctx,
+    plan: &Plan,
+    url: &str,
+    label: &str,
+    relay: bool,
+) -> anyhow::Result<Vec<procs::Proc>> {
+    let (outboxd, addr) = procs::start_outboxd(&ctx.bins, url, &ctx.log_dir, label).await?;
+    ctx.record(&outboxd.cmdline).await;
+    let mut running = Vec::new();
+    if relay {
+        let opts = RelayOpts {
+            server: addr,
+            amqp_url: &ctx.args.amqp_url,
+            exchange: &ctx.rabbit.exchange,
+            batch: plan.latency_batch,
+            concurrency: plan.latency_workers,
+        };
+        let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, label)?;
+        ctx.record(&relay.cmdline).await;
+        running.push(relay);
+    }
+    running.push(outboxd);
+    Ok(running)
 }

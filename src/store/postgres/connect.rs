@@ -184,12 +184,6 @@ async fn reach(options: &PgConnectOptions, within: Duration) -> Result<u32, Atte
 /// claim and ack would read the whole table (20–30 ms at 20 000 rows,
 /// measured).
 ///
-/// `plan_cache_mode = force_generic_plan`: the claim statement was planned
-/// afresh at every execution (PostgreSQL kept choosing custom plans for it),
-/// and planning its CTEs took 0.8 ms against 1.1 ms of execution, measured. Its
-/// generic plan is the same index walk, planned once per connection. Every
-/// other statement was already running a generic plan after its first five.
-///
 /// `statement_timeout` and `lock_timeout`: a stalled or locked database
 /// answers an RPC with UNAVAILABLE within the limit instead of holding it as
 /// long as the stall lasts. `client_connection_check_interval` (PostgreSQL 14
@@ -204,7 +198,6 @@ fn session_options(
     let mut settings = vec![
         ("synchronous_commit", "off".to_owned()),
         ("enable_seqscan", "off".to_owned()),
-        ("plan_cache_mode", "force_generic_plan".to_owned()),
         ("statement_timeout", timeout.clone()),
         ("lock_timeout", timeout),
     ];

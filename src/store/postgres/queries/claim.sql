@@ -62,7 +62,11 @@ fresh AS (
     WHERE o.published_at IS NULL
       AND o.dead_lettered_at IS NULL
       AND o.available_at <= now()
-      AND NOT EXISTS (SELECT 1 FROM {leases} AS l WHERE l.id = o.id)
+      -- One index probe per row walked (OFFSET 0 keeps it a subplan): as a
+      -- join, a plan made while the lease table was small compared every
+      -- row with every lease, and a drain at batch 1000 × 4 fell to an
+      -- eighth of its rate.
+      AND NOT EXISTS (SELECT 1 FROM {leases} AS l WHERE l.id = o.id OFFSET 0)
     ORDER BY o.seq
     LIMIT $1
 ),
