@@ -40,6 +40,16 @@ pub enum Design {
 }
 
 impl Design {
+    /// Both designs, the first one alternating across repetitions, so that
+    /// neither always runs on the machine the other left behind.
+    fn in_turn(rep: usize) -> [Self; 2] {
+        if rep.is_multiple_of(2) {
+            [Self::Classic, Self::Outboxd]
+        } else {
+            [Self::Outboxd, Self::Classic]
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Self::Classic => "classic relay",
@@ -416,12 +426,7 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
     for rep in 0..plan.reps {
         for case in &mut cases {
             let (batch, workers) = (case.batch, case.workers);
-            let order = if rep % 2 == 0 {
-                [Design::Classic, Design::Outboxd]
-            } else {
-                [Design::Outboxd, Design::Classic]
-            };
-            for design in order {
+            for design in Design::in_turn(rep) {
                 ctx.progress.doing(format!(
                     "rep {}/{}: drain {n} with {}, batch {}, {} worker(s)",
                     rep + 1,
@@ -829,12 +834,7 @@ async fn producers(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Res
     for rep in 0..plan.reps {
         for case in &mut cases {
             let mode = case.mode;
-            let order = if rep % 2 == 0 {
-                [Design::Classic, Design::Outboxd]
-            } else {
-                [Design::Outboxd, Design::Classic]
-            };
-            for design in order {
+            for design in Design::in_turn(rep) {
                 ctx.progress.doing(format!(
                     "rep {}/{}: producers for {} s, {}, {}",
                     rep + 1,
