@@ -146,8 +146,7 @@ impl OutboxStore for PgOutbox {
                         .fetch_all(&mut *conn),
                 )
                 .await?;
-            let mut lost = 0;
-            let batch = claimed_batch(lease_id, rows, &mut lost)?;
+            let (batch, lost) = claimed_batch(lease_id, rows)?;
             let nothing = batch.messages.is_empty() && batch.dead_lettered.is_empty();
             if !(nothing && lost > 0 && looks < CLAIM_LOOKS) {
                 break batch;

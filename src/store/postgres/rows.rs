@@ -20,12 +20,13 @@ use crate::{
 
 /// The batch a claim statement returned: its messages in sequence order, the
 /// rows it dead-lettered, and the expired leases it took rows back from. Rows
-/// another claim leased first are not part of it; `lost` counts them.
+/// another claim leased first are not part of it; the count of them comes
+/// with it.
 pub(super) fn claimed_batch(
     lease_id: LeaseId,
     rows: Vec<PgRow>,
-    lost: &mut usize,
-) -> Result<ClaimedBatch, StoreError> {
+) -> Result<(ClaimedBatch, usize), StoreError> {
+    let mut lost = 0;
     let mut batch = ClaimedBatch {
         lease_id,
         expires_at: None,
@@ -35,7 +36,7 @@ pub(super) fn claimed_batch(
     };
     for row in rows {
         if row.try_get::<bool, _>("lost")? {
-            *lost += 1;
+            lost += 1;
             continue;
         }
         let id: Uuid = row.try_get("id")?;
@@ -68,7 +69,7 @@ pub(super) fn claimed_batch(
         batch.messages.push(claimed_message(id, &row)?);
     }
     batch.messages.sort_by_key(|m| m.sequence);
-    Ok(batch)
+    Ok((batch, lost))
 }
 
 fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> {
