@@ -34,12 +34,28 @@ fn ordered_outbox(options: &str) -> String {
     format!("default=public.outbox:ordering=aggregate{options}")
 }
 
+/// An ordered server whose commit-order guard is probed by claims alone.
+/// Gauge samples probe it too, and one taken while a test commits its events
+/// could vouch for some of them and not (yet) for the rest, splitting what the
+/// test expects in one claim. So the gauges are sampled once, at start, and
+/// the test begins after that sample. Once a claim has returned something,
+/// the guard then vouches for every event committed before the test's first
+/// claim.
 async fn spawn_ordered(options: &str) -> TestApp {
     let spec = ordered_outbox(options);
-    TestApp::spawn_with(|args| {
-        args.add("--outbox", spec);
+    let app = TestApp::spawn_with(|args| {
+        args.add("--outbox", spec).set("--metrics-interval", "1h");
     })
-    .await
+    .await;
+    first_gauge_sample(&app).await;
+    app
+}
+
+async fn first_gauge_sample(app: &TestApp) {
+    wait_until(EXPECTED_WITHIN, "the first gauge sample", async || {
+        !gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds").is_nan()
+    })
+    .await;
 }
 
 async fn admin(app: &TestApp) -> Admin {
@@ -106,12 +122,19 @@ async fn nothing_claimable(app: &TestApp, wait: Duration, why: &str) {
     }
 }
 
+/// How long a test waits for events it expects: fresh events of an ordered
+/// outbox wait for the commit-order guard, which waits for every transaction
+/// open in the whole PostgreSQL server (other tests' included) to end.
+const EXPECTED_WITHIN: Duration = Duration::from_secs(30);
+
 /// Claims (long polls of up to a second each) until a claim returns
-/// something, failing the test after `limit`.
-async fn next_batch(app: &TestApp, worker: &str, lease: Duration, limit: Duration) -> ClaimBatchResponse {
-    within(limit, "a claim that returns something", async {
+/// something, failing the test after [`EXPECTED_WITHIN`]. Once one has, the
+/// guard vouches for every event committed before the first of those claims:
+/// the claims after it need not wait for those.
+async fn next_batch(app: &TestApp, worker: &str, max: u32, lease: Duration) -> ClaimBatchResponse {
+    within(EXPECTED_WITHIN, "a claim that returns something", async {
         loop {
-            let batch = app.claim(worker, 100, lease, secs(1)).await;
+            let batch = app.claim(worker, max, lease, secs(1)).await;
             if !batch.messages.is_empty() {
                 return batch;
             }
@@ -176,7 +199,7 @@ async fn a_claim_takes_one_event_per_aggregate_and_many_aggregates() {
     let firsts = commit_events(&app, &round).await;
     let seconds = commit_events(&app, &round).await;
 
-    let batch = app.claim("w", 8, secs(30), Duration::ZERO).await;
+    let batch = next_batch(&app, "w", 8, secs(30)).await;
     assert_eq!(batch.messages.len(), 8, "a full batch of heads");
     let rest = app.claim("w", 100, secs(30), Duration::ZERO).await;
     let mut heads = set(&ids(&batch));
@@ -217,7 +240,10 @@ async fn concurrent_claims_never_share_an_aggregate() {
         rounds.push(commit_events(&app, &round).await);
     }
     for (r, expected) in rounds.iter().enumerate() {
-        // Four claims at once, each for up to five: more room than aggregates.
+        // One claim of one, which waits for the guard to vouch for every
+        // event committed above; then four at once, each for up to five:
+        // more room than aggregates.
+        let mut batches = vec![next_batch(&app, "first", 1, secs(30)).await];
         let claims: Vec<_> = (0..4)
             .map(|w| {
                 app.spawn_claim(claim_request(
@@ -229,7 +255,6 @@ async fn concurrent_claims_never_share_an_aggregate() {
                 ))
             })
             .collect();
-        let mut batches = Vec::new();
         for claim in claims {
             let batch = within(secs(30), "a concurrent claim", claim)
                 .await
@@ -268,9 +293,9 @@ async fn concurrent_claims_never_share_an_aggregate() {
 #[tokio::test]
 async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
     let app = spawn_ordered("").await;
-    let [a1, a2, b1] = <[String; 3]>::try_from(commit_events(&app, &["A", "A", "B"]).await)
-        .expect("three events");
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let [a1, a2, b1] =
+        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "B"]).await).expect("three events");
+    let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     assert!(batch.messages[0].sequence < batch.messages[1].sequence);
     nothing_claimable(&app, millis(500), "A's head is leased").await;
@@ -279,7 +304,11 @@ async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
     nothing_claimable(&app, Duration::ZERO, "B's ack frees nothing of A").await;
     assert_eq!(app.ack(&batch.lease_id, &[&a1]).await, [OK]);
     let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
-    assert_eq!(ids(&next), [a2.clone()], "A's next event, once its head is acked");
+    assert_eq!(
+        ids(&next),
+        [a2.clone()],
+        "A's next event, once its head is acked"
+    );
     assert_eq!(next.messages[0].attempt, 1);
 }
 
@@ -288,7 +317,7 @@ async fn a_nacked_head_in_backoff_holds_its_aggregate() {
     let app = spawn_ordered("").await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
-    let first = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.clone()]);
     assert_eq!(
         app.nack_retry(&first.lease_id, &[&a1], Some(secs(2))).await,
@@ -296,7 +325,7 @@ async fn a_nacked_head_in_backoff_holds_its_aggregate() {
     );
     nothing_claimable(&app, millis(500), "A's head waits out its backoff").await;
 
-    let retry = app.claim("w", 10, secs(30), secs(10)).await;
+    let retry = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(
         ids(&retry),
         [a1.clone()],
@@ -319,12 +348,12 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
     let app = spawn_ordered("").await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
-    let crashed = app.claim("crashy", 10, secs(1), Duration::ZERO).await;
+    let crashed = next_batch(&app, "crashy", 10, secs(1)).await;
     assert_eq!(ids(&crashed), [a1.clone()]);
     nothing_claimable(&app, Duration::ZERO, "A's head is leased").await;
     lease_expired(&app, &a1).await;
 
-    let again = app.claim("w", 10, secs(30), secs(10)).await;
+    let again = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&again), [a1.clone()], "the head, not A's next event");
     assert_eq!(again.messages[0].attempt, 2);
     assert_eq!(
@@ -340,28 +369,43 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
 
 // ---- commit order, not insert order ----
 
+/// B's event, handed out once on a short lease before the test's
+/// transactions begin: expired, it is claimable again while they are open
+/// (the guard holds back fresh events only), so an empty answer about A is
+/// about A and not about claims in general.
+async fn control(app: &TestApp) -> String {
+    let [b1] = <[String; 1]>::try_from(commit_events(app, &["B"]).await).expect("one event");
+    let batch = next_batch(app, "control", 10, secs(1)).await;
+    assert_eq!(ids(&batch), [b1.clone()]);
+    b1
+}
+
+/// Once the control's first lease ran out: a claim gets the control again,
+/// and nothing of A.
+async fn only_the_control_while_t1_is_open(app: &TestApp, b1: &str) {
+    lease_expired(app, b1).await;
+    let batch = next_batch(app, "w", 10, secs(30)).await;
+    assert_eq!(
+        ids(&batch),
+        [b1.to_owned()],
+        "B's expired event, and not A's later event while T1 is open"
+    );
+    nothing_claimable(app, secs(1), "T1 is still open").await;
+}
+
 #[tokio::test]
 async fn a_later_event_committed_first_waits_for_the_open_earlier_one() {
     let app = spawn_ordered("").await;
-    // Committed before any of it: claimable throughout, so the empty answers
-    // below are about A and not about claims in general.
-    let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
+    let b1 = control(&app).await;
     let mut t1 = open_tx(app.pool()).await;
     let a1 = insert_on(&mut t1, "A").await;
     let mut t2 = open_tx(app.pool()).await;
     let a2 = insert_on(&mut t2, "A").await;
     t2.commit().await.expect("commit T2");
-
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
-    assert_eq!(
-        ids(&batch),
-        [b1.clone()],
-        "B's event, and not A's later event while T1 is open"
-    );
-    nothing_claimable(&app, secs(1), "T1 is still open").await;
+    only_the_control_while_t1_is_open(&app, &b1).await;
 
     t1.commit().await.expect("commit T1");
-    let first = app.claim("w", 10, secs(30), secs(10)).await;
+    let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.clone()], "T1's event comes first");
     assert!(first.messages[0].sequence < app_sequence(&app, &a2).await);
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
@@ -373,31 +417,29 @@ async fn a_later_event_committed_first_waits_for_the_open_earlier_one() {
 #[tokio::test]
 async fn a_later_event_goes_once_the_open_earlier_one_rolls_back() {
     let app = spawn_ordered("").await;
-    let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
+    let b1 = control(&app).await;
     let mut t1 = open_tx(app.pool()).await;
     insert_on(&mut t1, "A").await;
     let mut t2 = open_tx(app.pool()).await;
     let a2 = insert_on(&mut t2, "A").await;
     t2.commit().await.expect("commit T2");
-
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
-    assert_eq!(ids(&batch), [b1], "not A's later event while T1 is open");
-    nothing_claimable(&app, secs(1), "T1 is still open").await;
+    only_the_control_while_t1_is_open(&app, &b1).await;
 
     t1.rollback().await.expect("roll back T1");
-    let next = app.claim("w", 10, secs(30), secs(10)).await;
+    let next = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&next), [a2], "T2's event, once T1 is gone");
 }
 
 #[tokio::test]
 async fn a_later_event_of_the_older_transaction_still_waits_for_the_open_earlier_one() {
     // T2 has its transaction id before T1 does, and its event the higher
-    // sequence: a guard on transaction ids alone would let T2's event go.
+    // sequence: a guard comparing each row's own transaction id with the
+    // oldest running one would let T2's event go.
     let app = spawn_ordered("").await;
     app.db
         .execute("CREATE TABLE test_elsewhere (n int NOT NULL)")
         .await;
-    let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
+    let b1 = control(&app).await;
     let mut t2 = open_tx(app.pool()).await;
     sqlx::query("INSERT INTO test_elsewhere VALUES (1)")
         .execute(&mut *t2)
@@ -407,17 +449,10 @@ async fn a_later_event_of_the_older_transaction_still_waits_for_the_open_earlier
     let a1 = insert_on(&mut t1, "A").await;
     let a2 = insert_on(&mut t2, "A").await;
     t2.commit().await.expect("commit T2");
-
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
-    assert_eq!(
-        ids(&batch),
-        [b1],
-        "not A's later event while T1 is open"
-    );
-    nothing_claimable(&app, secs(1), "T1 is still open").await;
+    only_the_control_while_t1_is_open(&app, &b1).await;
 
     t1.commit().await.expect("commit T1");
-    let first = app.claim("w", 10, secs(30), secs(10)).await;
+    let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.clone()], "T1's event comes first");
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
     assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
@@ -436,17 +471,17 @@ async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     insert_on(&mut t1, "A").await;
     let a2 = commit_events(&app, &["A"]).await;
     wait_until(
-        secs(15),
+        EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds reaches 1 s while T1 is open",
         async || holdback(&app).await >= 1.0,
     )
     .await;
     nothing_claimable(&app, Duration::ZERO, "T1 is still open").await;
     t1.rollback().await.expect("roll back T1");
-    let next = app.claim("w", 10, secs(30), secs(10)).await;
+    let next = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&next), a2);
     wait_until(
-        secs(15),
+        EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds is back to 0",
         async || holdback(&app).await == 0.0,
     )
@@ -462,9 +497,13 @@ async fn app_sequence(app: &TestApp, id: &str) -> i64 {
         .expect("read a row's sequence")
 }
 
-/// `outbox_commit_order_holdback_seconds{outbox="default"}` as `/metrics`
-/// shows it now; NaN when it is not there.
+/// `outbox_commit_order_holdback_seconds{outbox="default"}` now.
 async fn holdback(app: &TestApp) -> f64 {
+    gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds")
+}
+
+/// Scrapes `/metrics` with a bare HTTP/1.0 request.
+async fn scrape(app: &TestApp) -> String {
     let mut stream = tokio::net::TcpStream::connect(app.metrics_addr)
         .await
         .expect("metrics endpoint");
@@ -474,8 +513,14 @@ async fn holdback(app: &TestApp) -> f64 {
         .expect("send scrape");
     let mut body = String::new();
     stream.read_to_string(&mut body).await.expect("read scrape");
+    body
+}
+
+/// The value of gauge `name{outbox="default"}`; NaN when it is not there
+/// (before the first sample).
+fn gauge(body: &str, name: &str) -> f64 {
     body.lines()
-        .filter(|l| l.starts_with("outbox_commit_order_holdback_seconds{"))
+        .filter(|l| l.starts_with(&format!("{name}{{")))
         .filter(|l| l.contains("outbox=\"default\""))
         .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(f64::NAN)
@@ -490,7 +535,7 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     let [a1, b1, a2, b2, a3] =
         <[String; 5]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A"]).await)
             .expect("five events");
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
     assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
@@ -515,7 +560,7 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     assert_eq!(blocked[0].held, 2, "A's second and third event wait");
 
     assert_eq!(redrive_aggregate(&mut admin, "A").await, 1);
-    let head = app.claim("w", 10, secs(30), secs(10)).await;
+    let head = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&head), [a1.clone()], "the head comes first");
     assert_eq!(head.messages[0].attempt, 1, "its attempts start over");
     nothing_claimable(&app, Duration::ZERO, "A's head is leased").await;
@@ -535,7 +580,7 @@ async fn discarding_a_blocked_head_lets_the_next_event_go() {
     let mut admin = admin(&app).await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
     nothing_claimable(
@@ -546,7 +591,7 @@ async fn discarding_a_blocked_head_lets_the_next_event_go() {
     .await;
 
     assert_eq!(discard(&mut admin, &[&a1]).await, 1);
-    let next = app.claim("w", 10, secs(30), secs(10)).await;
+    let next = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&next), [a2.clone()], "A goes on with its next event");
     assert_eq!(app.ack(&next.lease_id, &[&a2]).await, [OK]);
     nothing_claimable(&app, millis(500), "the discarded head never comes back").await;
@@ -560,13 +605,13 @@ async fn a_head_out_of_attempts_blocks_its_aggregate_under_block() {
     let mut admin = admin(&app).await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
-    let first = app.claim("crashy", 1, secs(1), Duration::ZERO).await;
+    let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.clone()]);
     expire_twice(&app, &a1, &first).await;
     // The claim after the last attempt's lease ran out dead-letters the head
     // and hands out nothing of A; B, committed now, goes.
     let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
-    let others = next_batch(&app, "w", secs(30), secs(20)).await;
+    let others = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(ids(&others), [b1.clone()], "B, and nothing of A");
     assert_eq!(app.ack(&others.lease_id, &[&b1]).await, [OK]);
     wait_until(secs(10), "A's head is dead-lettered", async || {
@@ -581,7 +626,7 @@ async fn a_head_out_of_attempts_blocks_its_aggregate_under_block() {
     assert_eq!(app.stats().await.blocked_keys, 1);
 
     assert_eq!(discard(&mut admin, &[&a1]).await, 1);
-    let next = app.claim("w", 10, secs(30), secs(10)).await;
+    let next = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&next), [a2]);
 }
 
@@ -592,7 +637,7 @@ async fn expire_twice(app: &TestApp, a1: &str, first: &ClaimBatchResponse) {
     assert!(batch.messages.is_empty(), "A's head is leased");
     lease_expired(app, a1).await;
     // Its second attempt, on a short lease too.
-    let again = app.claim("crashy", 1, secs(1), secs(10)).await;
+    let again = next_batch(app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&again), [a1.to_owned()]);
     assert_eq!(again.messages[0].attempt, 2);
     lease_expired(app, a1).await;
@@ -605,13 +650,12 @@ async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     let app = spawn_ordered(":poison=park").await;
     let mut admin = admin(&app).await;
     let [a1, a2, a3] =
-        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "A"]).await)
-            .expect("three events");
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "A"]).await).expect("three events");
+    let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
 
-    let next = app.claim("w", 10, secs(30), secs(10)).await;
+    let next = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&next), [a2.clone()], "A goes on past its parked head");
     assert_eq!(app.ack(&next.lease_id, &[&a2]).await, [OK]);
     let stats = app.stats().await;
@@ -622,12 +666,15 @@ async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
         .expect("ListBlockedKeys")
         .into_inner()
         .blocked_keys;
-    assert!(blocked.is_empty(), "nothing is blocked under park: {blocked:?}");
+    assert!(
+        blocked.is_empty(),
+        "nothing is blocked under park: {blocked:?}"
+    );
 
     // Redriven, the parked event is A's lowest pending sequence again: it
     // goes before A's third event.
     assert_eq!(redrive_aggregate(&mut admin, "A").await, 1);
-    let redriven = app.claim("w", 10, secs(30), secs(10)).await;
+    let redriven = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&redriven), [a1.clone()]);
     assert_eq!(redriven.messages[0].attempt, 1);
     nothing_claimable(&app, Duration::ZERO, "A's redriven event is leased").await;
@@ -641,11 +688,11 @@ async fn a_head_out_of_attempts_is_parked_under_park() {
     let app = spawn_ordered(":poison=park:max_attempts=2").await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
-    let first = app.claim("crashy", 1, secs(1), Duration::ZERO).await;
+    let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.clone()]);
     expire_twice(&app, &a1, &first).await;
 
-    let next = next_batch(&app, "w", secs(30), secs(20)).await;
+    let next = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(ids(&next), [a2], "A goes on past its parked head");
     assert_eq!(next.messages[0].attempt, 1);
     let row = app.row(&a1).await;
@@ -659,11 +706,10 @@ async fn a_head_out_of_attempts_is_parked_under_park() {
 #[tokio::test]
 async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     let mut app = spawn_ordered("").await;
-    let [a1, b1, a2, b2, a3, c1, c2] = <[String; 7]>::try_from(
-        commit_events(&app, &["A", "B", "A", "B", "A", "C", "C"]).await,
-    )
-    .expect("seven events");
-    let batch = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let [a1, b1, a2, b2, a3, c1, c2] =
+        <[String; 7]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A", "C", "C"]).await)
+            .expect("seven events");
+    let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone(), c1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
     assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
@@ -673,12 +719,14 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     drop(app);
 
     let app = TestApp::spawn_on(db, |args| {
-        args.add("--outbox", ordered_outbox(""));
+        args.add("--outbox", ordered_outbox(""))
+            .set("--metrics-interval", "1h");
     })
     .await
     .expect("the second server starts");
+    first_gauge_sample(&app).await;
     let mut admin = admin(&app).await;
-    let after = next_batch(&app, "w", secs(30), secs(20)).await;
+    let after = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(
         ids(&after),
         [b2.clone()],
@@ -692,8 +740,12 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
 
     assert_eq!(redrive_aggregate(&mut admin, "A").await, 1);
     for next in [a1, a2, a3] {
-        let batch = app.claim("w", 10, secs(30), secs(10)).await;
-        assert_eq!(ids(&batch), [next.clone()], "A resumes with its head, in order");
+        let batch = next_batch(&app, "w", 10, secs(30)).await;
+        assert_eq!(
+            ids(&batch),
+            [next.clone()],
+            "A resumes with its head, in order"
+        );
         assert_eq!(app.ack(&batch.lease_id, &[&next]).await, [OK]);
     }
 }
@@ -765,7 +817,10 @@ async fn bad_ordering_options_exit_64_and_say_why() {
 
 #[tokio::test]
 async fn an_unordered_outbox_hands_out_an_aggregates_events_together() {
-    for spec in ["default=public.outbox", "default=public.outbox:ordering=none"] {
+    for spec in [
+        "default=public.outbox",
+        "default=public.outbox:ordering=none",
+    ] {
         let app = TestApp::spawn_with(|args| {
             args.add("--outbox", spec);
         })

@@ -154,7 +154,10 @@ async fn four_workers_through_nacks_expiries_and_a_restart_deliver_each_aggregat
     );
     // The run did what it claims to test.
     assert!(nacked > 0, "no nack was accepted");
-    assert!(tally.sat_on() > 0, "no worker sat on a batch past its lease");
+    assert!(
+        tally.sat_on() > 0,
+        "no worker sat on a batch past its lease"
+    );
     assert_eq!(
         reclaimed,
         abandoned.len(),
@@ -164,7 +167,10 @@ async fn four_workers_through_nacks_expiries_and_a_restart_deliver_each_aggregat
         at_restart < i64::try_from(EVENTS).expect("small"),
         "the restart came after the run: {at_restart} published"
     );
-    assert!(figures.recoveries > 0, "no worker got through after the restart");
+    assert!(
+        figures.recoveries > 0,
+        "no worker got through after the restart"
+    );
     assert!(
         widest > 1,
         "no claim held more than one aggregate: no parallelism tested"
@@ -208,7 +214,9 @@ fn first_deliveries_in_order(
     for (aggregate, list) in &firsts {
         if list.windows(2).any(|w| w[0].0 > w[1].0) {
             let seqs: Vec<i64> = list.iter().map(|(seq, _)| *seq).collect();
-            problems.push(format!("{aggregate}: first deliveries by sequence {seqs:?}"));
+            problems.push(format!(
+                "{aggregate}: first deliveries by sequence {seqs:?}"
+            ));
         }
     }
     problems
