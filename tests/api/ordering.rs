@@ -461,6 +461,30 @@ async fn a_later_event_of_the_older_transaction_still_waits_for_the_open_earlier
 }
 
 #[tokio::test]
+async fn a_later_event_waits_for_the_open_earlier_one_when_claims_looked_before_either_committed() {
+    // Claims look (and probe the guard) while T1 and T2 are both open and
+    // no transaction newer than T1 has ended: a snapshot's xmax is one past
+    // the newest *completed* transaction id, not the first unassigned one,
+    // so T1 is then in no snapshot's list of running transactions.
+    let app = spawn_ordered("").await;
+    let mut t1 = open_tx(app.pool()).await;
+    let a1 = insert_on(&mut t1, "A").await;
+    let mut t2 = open_tx(app.pool()).await;
+    let a2 = insert_on(&mut t2, "A").await;
+    nothing_claimable(&app, millis(500), "nothing is committed").await;
+
+    t2.commit().await.expect("commit T2");
+    nothing_claimable(&app, secs(1), "T1 is still open").await;
+
+    t1.commit().await.expect("commit T1");
+    let first = next_batch(&app, "w", 10, secs(30)).await;
+    assert_eq!(ids(&first), [a1.clone()], "T1's event comes first");
+    assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
+    let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    assert_eq!(ids(&second), [a2], "then T2's");
+}
+
+#[tokio::test]
 async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     let app = TestApp::spawn_with(|args| {
         args.add("--outbox", ordered_outbox(""))

@@ -74,7 +74,8 @@ async fn four_workers_through_nacks_expiries_and_a_restart_deliver_each_aggregat
     let sampler = Sampler::start(&db.pool, history);
     let tally = Arc::new(Tally::default());
     let workers = Workers::spawn(&server.url(), &rabbit.exchange, history, &tally).await;
-    let producers = produce(&db.pool, history);
+    let commits = Commits::default();
+    let producers = produce(&db.pool, history, &commits);
 
     // The fault: once a third of the events are out, kill -9 and restart.
     poll_until(
@@ -137,20 +138,35 @@ async fn four_workers_through_nacks_expiries_and_a_restart_deliver_each_aggregat
         case.began.elapsed().as_secs_f64(),
     );
 
+    let mut offending: Vec<&str> = order
+        .iter()
+        .chain(&early)
+        .chain(&mixed)
+        .map(|p| p.0)
+        .collect();
+    offending.sort_unstable();
+    offending.dedup();
     assert!(
-        order.is_empty(),
-        "first deliveries out of sequence order:\n{}",
-        order.join("\n")
-    );
-    assert!(
-        early.is_empty(),
-        "events handed out before an event ahead of them was acked:\n{}",
-        early.join("\n")
-    );
-    assert!(
-        mixed.is_empty(),
-        "claims with two events of one aggregate:\n{}",
-        mixed.join("\n")
+        offending.is_empty(),
+        "first deliveries out of sequence order:\n{}\n\
+         events handed out before an event ahead of them was acked:\n{}\n\
+         claims with two events of one aggregate:\n{}\n\
+         what happened to those aggregates:\n{}",
+        lines(&order),
+        lines(&early),
+        lines(&mixed),
+        offending
+            .iter()
+            .take(5)
+            .map(|a| timeline(
+                a,
+                &recorded,
+                &rows,
+                &commits.lock().unwrap_or_else(PoisonError::into_inner),
+                &arrived
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // The run did what it claims to test.
     assert!(nacked > 0, "no nack was accepted");
@@ -190,12 +206,26 @@ async fn rows(pool: &PgPool) -> HashMap<String, (String, i64)> {
         .collect()
 }
 
+/// Problems found, each with the aggregate it is about.
+type Problems<'a> = Vec<(&'a str, String)>;
+
+fn lines(problems: &Problems<'_>) -> String {
+    if problems.is_empty() {
+        return "  none".into();
+    }
+    problems
+        .iter()
+        .map(|(_, p)| format!("  {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Aggregates whose first deliveries (in the queue's order) are not in
 /// `sequence` order, and events that never arrived.
-fn first_deliveries_in_order(
-    arrived: &[&str],
-    rows: &HashMap<String, (String, i64)>,
-) -> Vec<String> {
+fn first_deliveries_in_order<'a>(
+    arrived: &[&'a str],
+    rows: &'a HashMap<String, (String, i64)>,
+) -> Problems<'a> {
     let mut seen = HashSet::new();
     let mut firsts: BTreeMap<&str, Vec<(i64, &str)>> = BTreeMap::new();
     for id in arrived {
@@ -206,16 +236,22 @@ fn first_deliveries_in_order(
             firsts.entry(aggregate).or_default().push((*seq, id));
         }
     }
-    let mut problems: Vec<String> = rows
-        .keys()
-        .filter(|id| !seen.contains(id.as_str()))
-        .map(|id| format!("{id} ({:?}) never arrived", rows[id]))
+    let mut problems: Problems<'a> = rows
+        .iter()
+        .filter(|(id, _)| !seen.contains(id.as_str()))
+        .map(|(id, (aggregate, seq))| {
+            (
+                aggregate.as_str(),
+                format!("{id} ({aggregate}, seq {seq}) never arrived"),
+            )
+        })
         .collect();
-    for (aggregate, list) in &firsts {
+    for (aggregate, list) in firsts {
         if list.windows(2).any(|w| w[0].0 > w[1].0) {
             let seqs: Vec<i64> = list.iter().map(|(seq, _)| *seq).collect();
-            problems.push(format!(
-                "{aggregate}: first deliveries by sequence {seqs:?}"
+            problems.push((
+                aggregate,
+                format!("{aggregate}: first deliveries by sequence {seqs:?}"),
             ));
         }
     }
@@ -225,10 +261,10 @@ fn first_deliveries_in_order(
 /// Claims that handed out an event while an event of its aggregate with a
 /// lower sequence could not have been published yet: the claim's answer
 /// came back before any ack of that event had been sent.
-fn handed_out_before_the_events_ahead(
+fn handed_out_before_the_events_ahead<'a>(
     rec: &Recorded,
-    rows: &HashMap<String, (String, i64)>,
-) -> Vec<String> {
+    rows: &'a HashMap<String, (String, i64)>,
+) -> Problems<'a> {
     // The earliest start of an ack that may have published each event.
     let mut published_from: HashMap<&str, Duration> = HashMap::new();
     for s in rec.settles.iter().filter(|s| s.kind == SettleKind::Ack) {
@@ -256,11 +292,11 @@ fn handed_out_before_the_events_ahead(
                 }
                 let acked = published_from.get(ahead).copied();
                 if acked.is_none_or(|at| claim.end < at) {
-                    problems.push(format!(
+                    problems.push((aggregate.as_str(), format!(
                         "{aggregate}: lease {} got {id} (seq {seq}, attempt {attempt}) at {:?}, \
                          before {ahead} (seq {ahead_seq}) was acked (first ack sent at {acked:?})",
                         claim.lease_id, claim.end
-                    ));
+                    )));
                 }
             }
         }
@@ -268,23 +304,91 @@ fn handed_out_before_the_events_ahead(
     problems
 }
 
-fn batches_sharing_an_aggregate(
+fn batches_sharing_an_aggregate<'a>(
+    rec: &Recorded,
+    rows: &'a HashMap<String, (String, i64)>,
+) -> Problems<'a> {
+    let mut problems = Vec::new();
+    for c in &rec.claims {
+        let mut aggregates = HashSet::new();
+        for (id, _) in &c.messages {
+            let aggregate = rows[id].0.as_str();
+            if !aggregates.insert(aggregate) {
+                problems.push((
+                    aggregate,
+                    format!("lease {} holds two of {aggregate}", c.lease_id),
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Everything recorded about `aggregate`'s events, in time order: commits,
+/// claims, settles, faults, and the order its events arrived in.
+fn timeline(
+    aggregate: &str,
     rec: &Recorded,
     rows: &HashMap<String, (String, i64)>,
-) -> Vec<String> {
-    rec.claims
+    commits: &HashMap<String, (Duration, Duration)>,
+    arrived: &[&str],
+) -> String {
+    let seq = |id: &str| {
+        rows.get(id)
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, s)| *s)
+    };
+    let mut entries: Vec<(Duration, String)> = Vec::new();
+    for (id, (inserted, committed)) in commits {
+        if let Some(seq) = seq(id) {
+            entries.push((
+                *inserted,
+                format!("seq {seq} inserted (its transaction began before)"),
+            ));
+            entries.push((*committed, format!("seq {seq} committed")));
+        }
+    }
+    for c in &rec.claims {
+        for (id, attempt) in &c.messages {
+            if let Some(seq) = seq(id) {
+                entries.push((
+                    c.end,
+                    format!(
+                        "seq {seq} claimed as attempt {attempt} by {} under {} (call began {:?}; db {} .. {})",
+                        c.worker, c.lease_id, c.start, c.claimed_at, c.expires_at
+                    ),
+                ));
+            }
+        }
+    }
+    for s in &rec.settles {
+        for (id, outcome) in &s.outcomes {
+            if let Some(seq) = seq(id) {
+                entries.push((
+                    s.start,
+                    format!(
+                        "seq {seq} {:?} by {} under {} -> {outcome:?} (answered {:?})",
+                        s.kind, s.worker, s.lease_id, s.end
+                    ),
+                ));
+            }
+        }
+    }
+    for (at, what) in &rec.faults {
+        entries.push((*at, format!("fault: {what}")));
+    }
+    entries.sort_by_key(|(at, _)| *at);
+    let arrivals: Vec<String> = arrived
         .iter()
-        .filter_map(|c| {
-            let mut aggregates = HashSet::new();
-            let shared: Vec<&str> = c
-                .messages
-                .iter()
-                .map(|(id, _)| rows[id].0.as_str())
-                .filter(|a| !aggregates.insert(*a))
-                .collect();
-            (!shared.is_empty()).then(|| format!("lease {}: {shared:?}", c.lease_id))
-        })
-        .collect()
+        .filter_map(|id| seq(id))
+        .map(|s| s.to_string())
+        .collect();
+    let mut out = format!("{aggregate}:\n");
+    for (at, what) in entries {
+        out.push_str(&format!("  {:>9.3}s {what}\n", at.as_secs_f64()));
+    }
+    out.push_str(&format!("  arrived, by sequence: {}\n", arrivals.join(" ")));
+    out
 }
 
 fn accepted_nacks(rec: &Recorded) -> usize {
@@ -309,14 +413,17 @@ fn claimed_later(rec: &Recorded, id: &str, attempt: u32) -> bool {
 /// transactions of one to five events of random aggregates, each held open a
 /// moment, so transactions that write one aggregate overlap and commit out
 /// of `sequence` order; every seventh transaction rolls back.
-fn produce(pool: &PgPool, history: &History) -> JoinHandle<()> {
+/// When each committed event was inserted and committed, by the history's clock.
+type Commits = Arc<Mutex<HashMap<String, (Duration, Duration)>>>;
+
+fn produce(pool: &PgPool, history: &History, commits: &Commits) -> JoinHandle<()> {
     const TASKS: usize = 4;
     let per_task = EVENTS / TASKS;
     // Three events a transaction on average.
     let pause = SPREAD / u32::try_from(per_task / 3).expect("a modest size");
     let handles: Vec<JoinHandle<()>> = (0..TASKS)
         .map(|task| {
-            let (pool, history) = (pool.clone(), history.clone());
+            let (pool, history, commits) = (pool.clone(), history.clone(), Arc::clone(commits));
             tokio::spawn(async move {
                 let mut rng = StdRng::seed_from_u64(1000 + task as u64);
                 let mut committed = 0;
@@ -339,12 +446,18 @@ fn produce(pool: &PgPool, history: &History) -> JoinHandle<()> {
                     .execute(&mut *tx)
                     .await
                     .expect("insert events");
+                    let inserted = history.now();
                     // Held open while others insert and commit: a schedule.
                     sleep(millis(rng.random_range(0..40))).await;
                     if t % 7 == 0 {
                         tx.rollback().await.expect("rollback");
                     } else {
                         tx.commit().await.expect("commit");
+                        let at = history.now();
+                        commits
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .extend(ids.iter().map(|id| (id.to_string(), (inserted, at))));
                         history.committed(ids.iter().map(Uuid::to_string));
                         committed += n;
                     }
