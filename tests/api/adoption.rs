@@ -391,6 +391,7 @@ async fn the_default_outbox_has_the_current_indexes_and_no_trigger() {
         names,
         [
             "outbox_dead_letter_idx",
+            "outbox_leases_aggregate_idx",
             "outbox_leases_expiry_idx",
             "outbox_leases_lease_idx",
             "outbox_leases_pkey",
