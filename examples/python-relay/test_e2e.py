@@ -579,8 +579,27 @@ def produce_shared(db_url: str, producer: int, txns: int, per_txn: int,
             with conn.transaction(force_rollback=rollback), conn.cursor() as cur:
                 insert(cur, events)
             (rolled_back if rollback else committed).extend(events)
-            time.sleep(0.1)  # pacing only
+            time.sleep(0.2)  # pacing only
     return committed, rolled_back
+
+
+def pause_holding_a_lease(relay: Process, worker_id: str, db_url: str) -> None:
+    """Stops `relay` (SIGSTOP) at a moment it holds a live lease on an event
+    not yet acked, so the fault that follows hits a batch in flight. The lease
+    table is the one the README describes (`<table>_leases`)."""
+
+    def holds_one() -> bool:
+        relay.popen.send_signal(signal.SIGSTOP)
+        with psycopg.connect(db_url) as conn:
+            held = conn.execute(
+                "SELECT count(*) FROM outbox_leases AS l JOIN outbox AS o ON o.id = l.id "
+                "WHERE l.claimed_by = %s AND l.locked_until > now() AND o.published_at IS NULL",
+                (worker_id,)).fetchone()[0]
+        if not held:
+            relay.popen.send_signal(signal.SIGCONT)
+        return held > 0
+
+    wait_until(holds_one, f"{relay.name} {worker_id} holds a lease", diagnostics=relay.logs)
 
 
 def test_ordered_outbox_delivers_each_aggregate_in_order(database: str, outboxd, rabbit: Rabbit,
@@ -627,11 +646,16 @@ def test_ordered_outbox_delivers_each_aggregate_in_order(database: str, outboxd,
                 t1.commit()
             committed.update({first.id: first, second.id: second})
 
-            # 1. RabbitMQ drops relay A's connection: what it had in flight is retried.
+            # 1. RabbitMQ drops relay A's connection while A holds a batch: what
+            #    it had not seen confirmed is nacked and retried.
+            pause_holding_a_lease(relay_a, worker_a, database)
             close_amqp_connection(f"outbox-relay-py {worker_a}")
+            relay_a.popen.send_signal(signal.SIGCONT)
             wait_until(lambda: relay_a.log.read_text(errors="replace").count("RabbitMQ connected") >= 2,
                        "relay A reconnects to RabbitMQ", diagnostics=relay_a.logs)
-            # 2. Relay B dies mid-batch: its leases expire and its aggregates move on elsewhere.
+            # 2. Relay B dies holding a batch: its leases expire and those
+            #    aggregates go on through relay A, the held event first.
+            pause_holding_a_lease(relay_b, worker_b, database)
             relay_b.popen.kill()
             relay_b.popen.wait()
             relay_b = start_relay(processes, server, rabbit.exchange, *relay_args, worker_id=worker_b)
@@ -683,5 +707,6 @@ def test_ordered_outbox_delivers_each_aggregate_in_order(database: str, outboxd,
         assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
     duplicates = len(consumer.arrivals) - len(committed)
     retried = sum(1 for r in rows.values() if r["attempts"] > 1)
+    assert retried >= 1, "relay B was killed holding a lease, yet no event was claimed twice"
     print(f"{len(committed)} events over {len(delivered)} aggregates in order, "
-          f"{duplicates} duplicates, {retried} delivered more than once")
+          f"{duplicates} duplicates, {retried} claimed more than once")
