@@ -548,6 +548,29 @@ mod cases {
             "younger than retention"
         );
         assert_eq!(f.outbox.stats().await.expect("stats").published_retained, 1);
+
+        // A dead letter given up is kept like history, then purged.
+        assert_eq!(
+            f.outbox
+                .discard(&message_ids(&ids[1..2]))
+                .await
+                .expect("discard"),
+            1
+        );
+        wait_until(
+            secs(15),
+            "the discarded row outlives its retention and is purged",
+            async || {
+                f.outbox.purge_published(100).await.expect("purge");
+                f.db.scalar_i64(&format!(
+                    "SELECT count(*) FROM outbox WHERE id = '{}'",
+                    ids[1]
+                ))
+                .await
+                    == 0
+            },
+        )
+        .await;
     }
 }
 
