@@ -1462,6 +1462,10 @@ async fn explain_claim(
 /// quotes them and its parameters bound to a claim of 100 for 60 s.
 fn claim_sql(schema: &str) -> String {
     CLAIM_SQL
+        // An unordered outbox's claim (see outboxd's `statements.rs`).
+        .replace("{expired_order}", "")
+        .replace("{fresh_order}", "")
+        .replace("{lease_aggregate}", "NULL")
         .replace("{table}", &format!("\"{schema}\".\"outbox\""))
         .replace("{leases}", &format!("\"{schema}\".\"{}\"", db::LEASES))
         .replace("$1", "100")
