@@ -21,8 +21,8 @@ use tonic_types::StatusExt;
 use uuid::Uuid;
 
 use crate::support::{
-    DEAD_LETTERED, OK, ServerArgs, TestApp, ids as batch_ids, millis, seconds, secs, strings, time,
-    wait_until,
+    DEAD_LETTERED, OK, ServerArgs, TestApp, dur, ids as batch_ids, millis, seconds, secs, strings,
+    time, wait_until,
 };
 
 /// An ordered outbox under the default poison policy (block).
@@ -948,6 +948,91 @@ async fn discard_resumes_a_blocked_aggregate_with_its_next_event() {
         "the head never comes back"
     );
     assert!(all_dead_letters(&app, ORDERED).await.is_empty());
+}
+
+#[tokio::test]
+async fn discarded_dead_letters_go_with_retention_and_others_stay() {
+    let app = TestApp::spawn_with(|args| {
+        args.set("--retention", "1s")
+            .set("--retention-interval", "200ms");
+    })
+    .await;
+    let ids = strings(&app.insert(2).await);
+    claim_and_dead_letter(&app, "", 2).await;
+    assert_eq!(app.discard("", &ids[..1]).await, 1);
+    wait_until(
+        secs(10),
+        "retention deletes the discarded row",
+        async || app.row_in(DEFAULT_TABLE, &ids[0]).await.is_none(),
+    )
+    .await;
+    assert!(
+        app.row_in(DEFAULT_TABLE, &ids[1]).await.is_some(),
+        "a dead letter not discarded is kept"
+    );
+    assert_eq!(all_dead_letters(&app, "").await, ids[1..]);
+}
+
+// ---- dead-lettered at max attempts ----
+
+#[tokio::test]
+async fn a_head_dead_lettered_at_max_attempts_blocks_and_is_listed_with_its_attempts() {
+    let app = TestApp::spawn_with(|args| {
+        args.add(
+            "--outbox",
+            "orders=public.orders_outbox:ordering=aggregate:max_attempts=2",
+        );
+    })
+    .await;
+    let ids = produce_all(&app, ORDERED_TABLE, &["a", "a"]).await;
+    for attempt in 1..=2 {
+        let claimed = claim_exactly(&app, ORDERED, 1).await;
+        assert_eq!(claimed_ids(&claimed), ids[..1], "the head, again");
+        assert_eq!(claimed[0].message.attempt, attempt);
+        let outcomes = app
+            .nack(NackRequest {
+                outbox: ORDERED.into(),
+                lease_id: claimed[0].lease.clone(),
+                message_ids: claimed_ids(&claimed),
+                error: "broker said no".into(),
+                retry_after: dur(Duration::ZERO),
+                ..NackRequest::default()
+            })
+            .await;
+        assert_eq!(outcomes, [OK]);
+    }
+    // The next claim finds the head out of attempts and dead-letters it.
+    wait_until(secs(10), "the head is dead-lettered", async || {
+        assert!(
+            nothing_claimable(&app, ORDERED).await,
+            "the aggregate is held"
+        );
+        app.stats_of(ORDERED).await.dead_lettered == 1
+    })
+    .await;
+
+    let page = app.list_dead_letters(dead_letters(ORDERED)).await;
+    assert_eq!(listed(&page), ids[..1]);
+    let letter = &page.dead_letters[0];
+    assert_eq!(letter.message.as_ref().expect("message").attempt, 2);
+    assert!(
+        letter.last_error.contains("broker said no"),
+        "the last error: {:?}",
+        letter.last_error
+    );
+    assert_eq!(
+        blocked(&app.list_blocked_keys(blocked_keys(ORDERED)).await),
+        [("a".to_owned(), ids[0].clone(), 1)]
+    );
+    assert!(
+        nothing_claimable(&app, ORDERED).await,
+        "the next event is held"
+    );
+
+    assert_eq!(app.redrive(redrive_ids(ORDERED, &ids[..1])).await, 1);
+    let again = deliver_next(&app, ORDERED, &ids[0]).await;
+    assert_eq!(again.attempt, 1, "a fresh count of attempts");
+    deliver_next(&app, ORDERED, &ids[1]).await;
 }
 
 // ---- bad requests ----
