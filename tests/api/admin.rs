@@ -1469,6 +1469,15 @@ async fn a_long_open_writer_shows_as_commit_order_holdback() {
     );
 
     writer.commit().await.expect("the writer ends");
+    // Back to zero with no claim to move the guard on: the gauge is no stale alarm.
+    gauge_reaches(
+        &app,
+        "outbox_commit_order_holdback_seconds",
+        ORDERED,
+        "the holdback is over",
+        |v| v == 0.0,
+    )
+    .await;
     deliver_next(&app, ORDERED, &event).await;
 }
 
