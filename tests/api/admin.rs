@@ -873,6 +873,28 @@ async fn redrive_by_ids_unblocks_an_ordered_aggregate() {
     deliver_next(&app, ORDERED, &ids[1]).await;
 }
 
+#[tokio::test]
+async fn a_redriven_event_waits_while_a_later_event_of_its_aggregate_is_leased() {
+    // Under poison=park the aggregate went on past its parked head; redriving
+    // the head makes it the head again, but never while a later event of the
+    // aggregate is out under a live lease.
+    let app = spawn_ordered().await;
+    let ids = produce_all(&app, PARKED_TABLE, &["a", "a"]).await;
+    let parked = claim_and_dead_letter(&app, PARKED, 1).await;
+    assert_eq!(claimed_ids(&parked), ids[..1]);
+    let out = claim_exactly(&app, PARKED, 1).await;
+    assert_eq!(claimed_ids(&out), ids[1..]);
+
+    assert_eq!(app.redrive(redrive_ids(PARKED, &ids[..1])).await, 1);
+    assert!(
+        nothing_claimable(&app, PARKED).await,
+        "the redriven head waits for the leased event"
+    );
+    ack_all(&app, PARKED, &out).await;
+    let again = deliver_next(&app, PARKED, &ids[0]).await;
+    assert_eq!(again.attempt, 1);
+}
+
 // ---- Discard ----
 
 #[tokio::test]
