@@ -1050,6 +1050,35 @@ async fn a_head_nacked_at_max_attempts_blocks_and_is_listed_with_its_attempts() 
     deliver_next(&app, ORDERED, &ids[1]).await;
 }
 
+#[tokio::test]
+async fn admin_calls_reach_only_the_outbox_they_name() {
+    let app = spawn_ordered().await;
+    let plain = produce_all(&app, DEFAULT_TABLE, &["a", "b"]).await;
+    claim_and_dead_letter(&app, "", 2).await;
+    let ordered = produce_all(&app, ORDERED_TABLE, &["a", "b"]).await;
+    claim_and_dead_letter(&app, ORDERED, 2).await;
+    let before = app.snapshot("outbox").await;
+
+    // Ids and aggregates of the default outbox mean nothing in the ordered one.
+    assert_eq!(app.discard(ORDERED, &plain).await, 0);
+    assert_eq!(app.redrive(redrive_ids(ORDERED, &plain)).await, 0);
+    assert_eq!(app.snapshot("outbox").await, before);
+    assert_eq!(app.redrive(redrive_aggregate(ORDERED, "a")).await, 1);
+    assert_eq!(app.redrive(redrive_all(ORDERED)).await, 1);
+    assert_eq!(
+        app.snapshot("outbox").await,
+        before,
+        "the default outbox untouched"
+    );
+    assert_eq!(all_dead_letters(&app, "").await, plain);
+    assert!(all_dead_letters(&app, ORDERED).await.is_empty());
+    assert_eq!(app.stats().await.dead_lettered, 2);
+
+    let mut delivered = claimed_ids(&claim_exactly(&app, ORDERED, 2).await);
+    delivered.sort_by_key(|id| ordered.iter().position(|o| o == id));
+    assert_eq!(delivered, ordered);
+}
+
 // ---- bad requests ----
 
 /// The default outbox with two dead letters, a pending event and a leased
