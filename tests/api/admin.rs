@@ -21,8 +21,8 @@ use tonic_types::StatusExt;
 use uuid::Uuid;
 
 use crate::support::{
-    DEAD_LETTERED, OK, ServerArgs, TestApp, dur, ids as batch_ids, millis, seconds, secs, strings,
-    time, wait_until,
+    DEAD_LETTERED, OK, ServerArgs, TestApp, claim_request, dur, ids as batch_ids, millis, seconds,
+    secs, strings, time, wait_until, within,
 };
 
 /// An ordered outbox under the default poison policy (block).
@@ -1077,6 +1077,63 @@ async fn admin_calls_reach_only_the_outbox_they_name() {
     let mut delivered = claimed_ids(&claim_exactly(&app, ORDERED, 2).await);
     delivered.sort_by_key(|id| ordered.iter().position(|o| o == id));
     assert_eq!(delivered, ordered);
+}
+
+/// A claim on `outbox` that waits (up to 15 s), started once it has looked
+/// and found nothing; a poll interval of 30 s means only a wake-up answers it early.
+async fn waiting_claim(
+    app: &TestApp,
+    outbox: &str,
+    table: &str,
+) -> tokio::task::JoinHandle<Result<outboxd::grpc::pb::ClaimBatchResponse, Status>> {
+    let claims = app.count_claims(table).await;
+    let waiter = app.spawn_claim(claim_request(outbox, "w-wait", 10, secs(60), secs(15)));
+    wait_until(secs(5), "the claim has looked and waits", async || {
+        claims.get().await >= 1
+    })
+    .await;
+    assert!(!waiter.is_finished(), "nothing to claim yet");
+    waiter
+}
+
+#[tokio::test]
+async fn redrive_and_discard_wake_a_waiting_claim() {
+    let app = TestApp::spawn_with(|args| {
+        with_ordered(args);
+        args.set("--poll-interval", "30s")
+            .set("--health-interval", "1m");
+    })
+    .await;
+    let plain = strings(&app.insert(1).await);
+    claim_and_dead_letter(&app, "", 1).await;
+    let ordered = produce_all(&app, ORDERED_TABLE, &["a", "a"]).await;
+    claim_and_dead_letter(&app, ORDERED, 1).await;
+
+    let waiter = waiting_claim(&app, "", DEFAULT_TABLE).await;
+    let started = Instant::now();
+    assert_eq!(app.redrive(redrive_all("")).await, 1);
+    let batch = within(secs(5), "the claim woken by Redrive", waiter)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert_eq!(
+        batch_ids(&batch),
+        plain,
+        "answered {:?} after Redrive",
+        started.elapsed()
+    );
+
+    let waiter = waiting_claim(&app, ORDERED, ORDERED_TABLE).await;
+    assert_eq!(app.discard(ORDERED, &ordered[..1]).await, 1);
+    let batch = within(secs(5), "the claim woken by Discard", waiter)
+        .await
+        .expect("waiter task")
+        .expect("ClaimBatch");
+    assert_eq!(
+        batch_ids(&batch),
+        ordered[1..],
+        "the event behind the discarded head"
+    );
 }
 
 // ---- bad requests ----
