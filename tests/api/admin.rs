@@ -995,7 +995,7 @@ async fn discarded_dead_letters_go_with_retention_and_others_stay() {
     assert_eq!(all_dead_letters(&app, "").await, ids[1..]);
 }
 
-// ---- dead-lettered at max attempts ----
+// ---- with the rest of outboxd: max attempts, other outboxes, waiting claims ----
 
 #[tokio::test]
 async fn a_head_nacked_at_max_attempts_blocks_and_is_listed_with_its_attempts() {
@@ -1266,7 +1266,7 @@ async fn malformed_discard_requests_are_refused_and_change_nothing() {
 }
 
 #[tokio::test]
-async fn malformed_list_requests_are_refused() {
+async fn malformed_list_requests_are_refused_and_change_nothing() {
     let (app, dead, before) = app_with_dead_letters().await;
     let list = async |req: ListDeadLettersRequest| app.try_list_dead_letters(req).await;
     assert_invalid(
