@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -318,7 +319,8 @@ class Received:
 
 
 class Consumer:
-    """Collects what arrives in a queue, keyed by message_id (duplicates kept)."""
+    """Collects what arrives in a queue, keyed by message_id (duplicates kept),
+    and the message_ids in the order they arrived."""
 
     def __init__(self, queue: str) -> None:
         self.conn = amqp_connection()
@@ -326,14 +328,14 @@ class Consumer:
         self.channel.basic_qos(prefetch_count=500)
         self.queue = queue
         self.received: dict[str, list[Received]] = collections.defaultdict(list)
+        self.arrivals: list[str] = []
 
     def take(self, stop_when: Callable[[], bool], timeout: float) -> bool:
         """Consumes until `stop_when()` holds (True) or `timeout` passes (False)."""
         deadline = time.monotonic() + timeout
         for method, props, body in self.channel.consume(self.queue, inactivity_timeout=0.2):
             if method is not None:
-                self.received[props.message_id].append(Received(method.routing_key, props, body))
-                self.channel.basic_ack(method.delivery_tag)
+                self._keep(method, props, body)
             if stop_when():
                 return True
             if time.monotonic() >= deadline:
@@ -349,12 +351,20 @@ class Consumer:
         deadline = time.monotonic() + timeout
         for method, props, body in self.channel.consume(self.queue, inactivity_timeout=0.2):
             if method is not None:
-                self.received[props.message_id].append(Received(method.routing_key, props, body))
-                self.channel.basic_ack(method.delivery_tag)
+                self._keep(method, props, body)
             elif self.channel.queue_declare(self.queue, passive=True).method.message_count == 0:
                 return
             if time.monotonic() >= deadline:
                 pytest.fail(f"queue {self.queue} did not drain within {timeout:.0f}s")
+
+    def _keep(self, method: Any, props: pika.BasicProperties, body: bytes) -> None:
+        self.received[props.message_id].append(Received(method.routing_key, props, body))
+        self.arrivals.append(props.message_id)
+        self.channel.basic_ack(method.delivery_tag)
+
+    def first_arrivals(self) -> list[str]:
+        """message_ids in the order of their first arrival (later copies left out)."""
+        return list(dict.fromkeys(self.arrivals))
 
     def close(self) -> None:
         self.channel.cancel()
@@ -537,3 +547,166 @@ def test_relay_recovers_from_lost_broker_and_server_connections(database: str, o
     assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
     duplicates = sum(len(copies) - 1 for copies in consumer.received.values())
     print(f"{len(committed)} events through two faults, {duplicates} duplicates")
+
+
+# --------------------------------------------------------------------------
+# an ordered outbox (ordering=aggregate)
+# --------------------------------------------------------------------------
+
+ORDERED_PRODUCERS = 8
+ORDERED_TXNS = 20
+ORDERED_PER_TXN = 5
+ORDERED_AGGREGATES = 30
+ORDERED_ROLLBACK_EVERY = 5  # 4 of 20 transactions per producer roll back
+
+
+def produce_shared(db_url: str, producer: int, txns: int, per_txn: int,
+                   rollback_every: int) -> tuple[list[Event], list[Event]]:
+    """One producer writing to aggregates that every producer shares, so
+    concurrent transactions interleave each aggregate's sequence numbers (and
+    commit in an order of their own). Paced a little, so the writes overlap the
+    faults the test injects."""
+    rng = random.Random(producer)
+    committed: list[Event] = []
+    rolled_back: list[Event] = []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for txn in range(txns):
+            events = [Event(id=str(uuid.uuid4()), aggregate_id=f"acct-{rng.randrange(ORDERED_AGGREGATES)}",
+                            event_type="account.changed", payload={"producer": producer, "txn": txn, "n": n},
+                            headers={})
+                      for n in range(per_txn)]
+            rollback = txn % rollback_every == rollback_every - 1
+            with conn.transaction(force_rollback=rollback), conn.cursor() as cur:
+                insert(cur, events)
+            (rolled_back if rollback else committed).extend(events)
+            time.sleep(0.2)  # pacing only
+    return committed, rolled_back
+
+
+def pause_holding_a_lease(relay: Process, worker_id: str, db_url: str) -> None:
+    """Stops `relay` (SIGSTOP) at a moment it holds a live lease on an event
+    not yet acked, so the fault that follows hits a batch in flight. The lease
+    table is the one the README describes (`<table>_leases`)."""
+
+    def holds_one() -> bool:
+        relay.popen.send_signal(signal.SIGSTOP)
+        with psycopg.connect(db_url) as conn:
+            held = conn.execute(
+                "SELECT count(*) FROM outbox_leases AS l JOIN outbox AS o ON o.id = l.id "
+                "WHERE l.claimed_by = %s AND l.locked_until > now() AND o.published_at IS NULL",
+                (worker_id,)).fetchone()[0]
+        if not held:
+            relay.popen.send_signal(signal.SIGCONT)
+        return held > 0
+
+    wait_until(holds_one, f"{relay.name} {worker_id} holds a lease", diagnostics=relay.logs)
+
+
+def test_ordered_outbox_delivers_each_aggregate_in_order(database: str, outboxd, rabbit: Rabbit,
+                                                        processes) -> None:
+    """The worker runs unchanged against an outbox with ordering=aggregate: two
+    relay processes of 4 slots each, producers sharing 30 aggregates, a
+    transaction held open while a later event of its aggregate commits, and
+    faults (RabbitMQ drops a relay's connection, a relay and outboxd are killed
+    with SIGKILL and restarted). On the queue, each aggregate's first deliveries
+    come in `sequence` order; duplicates may come later and are ignored, as a
+    consumer deduping on the event id would."""
+    outbox = "default=public.outbox:ordering=aggregate"
+    server = outboxd("--outbox", outbox, "--backoff-base", "200ms", "--backoff-max", "1s")
+    with amqp_connection() as conn:
+        channel = conn.channel()
+        channel.queue_declare(rabbit.queue, durable=True)
+        channel.queue_bind(rabbit.queue, rabbit.exchange, routing_key="#")
+    relay_args = ("--batch-size", "10", "--concurrency", "4", "--lease", "3")
+    worker_a, worker_b = (f"pytest-{name}-{uuid.uuid4().hex[:8]}" for name in "ab")
+    relay_a = start_relay(processes, server, rabbit.exchange, *relay_args, worker_id=worker_a)
+    relay_b = start_relay(processes, server, rabbit.exchange, *relay_args, worker_id=worker_b)
+
+    committed: dict[str, Event] = {}
+    rolled_back: set[str] = set()
+    consumer = Consumer(rabbit.queue)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(ORDERED_PRODUCERS) as pool:
+            producers = [pool.submit(produce_shared, database, p, ORDERED_TXNS, ORDERED_PER_TXN,
+                                     ORDERED_ROLLBACK_EVERY) for p in range(ORDERED_PRODUCERS)]
+            assert consumer.take(lambda: len(consumer.received) >= 50, timeout=DEADLINE), relay_a.logs()
+
+            # Commit order, not insert order: T1 draws the lower sequence of
+            # acct-slow and stays open while T2 inserts the next one and commits.
+            first, second = (Event(str(uuid.uuid4()), "acct-slow", "account.changed", {"n": n}, {})
+                             for n in range(2))
+            with psycopg.connect(database) as t1, psycopg.connect(database, autocommit=True) as t2:
+                with t1.cursor() as cur:
+                    insert(cur, [first])
+                with t2.transaction(), t2.cursor() as cur:
+                    insert(cur, [second])
+                # While T1 is open, the relays keep claiming; `second` must not go out.
+                consumer.take(lambda: second.id in consumer.received, timeout=1.5)
+                assert second.id not in consumer.received, "an event went out before an earlier one committed"
+                t1.commit()
+            committed.update({first.id: first, second.id: second})
+
+            # 1. RabbitMQ drops relay A's connection while A holds a batch: what
+            #    it had not seen confirmed is nacked and retried.
+            pause_holding_a_lease(relay_a, worker_a, database)
+            close_amqp_connection(f"outbox-relay-py {worker_a}")
+            relay_a.popen.send_signal(signal.SIGCONT)
+            wait_until(lambda: relay_a.log.read_text(errors="replace").count("RabbitMQ connected") >= 2,
+                       "relay A reconnects to RabbitMQ", diagnostics=relay_a.logs)
+            # 2. Relay B dies holding a batch: its leases expire and those
+            #    aggregates go on through relay A, the held event first.
+            pause_holding_a_lease(relay_b, worker_b, database)
+            relay_b.popen.kill()
+            relay_b.popen.wait()
+            relay_b = start_relay(processes, server, rabbit.exchange, *relay_args, worker_id=worker_b)
+            # 3. outboxd dies without warning and comes back on the same port.
+            server.process.popen.kill()
+            server.process.popen.wait()
+            server = outboxd("--outbox", outbox, "--backoff-base", "200ms", "--backoff-max", "1s",
+                             port=server.port)
+            for producer in producers:
+                c, r = producer.result()
+                committed.update((e.id, e) for e in c)
+                rolled_back.update(e.id for e in r)
+        assert len(committed) == ORDERED_PRODUCERS * ORDERED_TXNS * ORDERED_PER_TXN * 4 // 5 + 2
+
+        def diagnostics() -> str:
+            return f"{len(committed.keys() - consumer.received.keys())} events missing\n" \
+                   f"{relay_a.logs()}\n{relay_b.logs()}"
+        assert consumer.take(lambda: committed.keys() <= consumer.received.keys(), timeout=60), diagnostics()
+        wait_until(lambda: all(r["published_at"] is not None for r in outbox_rows(database).values()),
+                   "every outbox row is published", diagnostics=diagnostics)
+        assert relay_a.stop() == 0, relay_a.logs()
+        assert relay_b.stop() == 0, relay_b.logs()
+        consumer.drain()
+    finally:
+        consumer.close()
+
+    assert not (consumer.received.keys() & rolled_back), "a rolled-back event was published"
+    assert consumer.received.keys() == committed.keys(), "something arrived that no producer committed"
+    rows = outbox_rows(database)
+    assert rows.keys() == committed.keys()
+
+    # Each aggregate's first deliveries, in the order they reached the queue,
+    # against the order of its events' sequence numbers.
+    delivered: dict[str, list[str]] = collections.defaultdict(list)
+    for event_id in consumer.first_arrivals():
+        delivered[committed[event_id].aggregate_id].append(event_id)
+    assert len(delivered) == ORDERED_AGGREGATES + 1
+    for aggregate, ids in delivered.items():
+        by_sequence = sorted(ids, key=lambda i: rows[i]["seq"])
+        assert ids == by_sequence, (
+            f"{aggregate}: first deliveries out of sequence order: "
+            f"{[rows[i]['seq'] for i in ids]}")
+        first_copies = [consumer.received[i][0] for i in ids]
+        assert [dict(m.properties.headers)["x-outbox-sequence"] for m in first_copies] == \
+            [rows[i]["seq"] for i in ids]
+    assert delivered["acct-slow"] == [first.id, second.id]
+
+    for relay in (relay_a, relay_b):
+        assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
+    duplicates = len(consumer.arrivals) - len(committed)
+    retried = sum(1 for r in rows.values() if r["attempts"] > 1)
+    assert retried >= 1, "relay B was killed holding a lease, yet no event was claimed twice"
+    print(f"{len(committed)} events over {len(delivered)} aggregates in order, "
+          f"{duplicates} duplicates, {retried} claimed more than once")

@@ -391,6 +391,7 @@ async fn the_default_outbox_has_the_current_indexes_and_no_trigger() {
         names,
         [
             "outbox_dead_letter_idx",
+            "outbox_leases_aggregate_idx",
             "outbox_leases_expiry_idx",
             "outbox_leases_lease_idx",
             "outbox_leases_pkey",
@@ -406,4 +407,72 @@ async fn the_default_outbox_has_the_current_indexes_and_no_trigger() {
         )
         .await;
     assert_eq!(triggers, 0);
+}
+
+/// Ordering a table that was served unordered: start-up gives it the
+/// aggregate index, and its lease table (here as an earlier release made it,
+/// without the aggregate column) what ordered claims read. A table whose seq
+/// sequence caches values cannot keep commit order and is refused.
+#[tokio::test]
+async fn ordering_an_outbox_adds_its_index_and_upgrades_an_earlier_lease_table() {
+    let legacy_outbox = classic_outbox().await;
+    let db = &legacy_outbox.db;
+    drop(
+        TestApp::spawn_on(Arc::clone(db), legacy)
+            .await
+            .expect("adopted unordered"),
+    );
+    db.execute("ALTER TABLE public.legacy_outbox_leases DROP COLUMN aggregate_id")
+        .await;
+    let ordered = |args: &mut ServerArgs| {
+        args.add("--outbox", "legacy=public.legacy_outbox:ordering=aggregate");
+    };
+
+    let config = config_for(db, db.upstream(), |args| {
+        ordered(args);
+        args.flag("--no-migrate");
+    });
+    let refused = within(
+        secs(30),
+        "Server::build",
+        Server::build(config, &CancellationToken::new()),
+    )
+    .await
+    .map(|_| ())
+    .expect_err("--no-migrate cannot order a table without its index");
+    assert!(
+        format!("{refused:#}").contains("legacy_outbox_aggregate_idx"),
+        "{refused:#}"
+    );
+
+    let app = TestApp::spawn_on(Arc::clone(db), ordered)
+        .await
+        .expect("a server orders the table");
+    let indexes = count(
+        db,
+        "SELECT count(*) FROM pg_indexes WHERE indexname IN \
+         ('legacy_outbox_aggregate_idx', 'legacy_outbox_leases_aggregate_idx')",
+    )
+    .await;
+    assert_eq!(indexes, 2);
+    // The classic rows: one aggregate each, all heads.
+    let batch = app.claim_from("legacy", "w", 10, secs(30), secs(5)).await;
+    assert_eq!(batch.messages.len(), 3);
+    drop(app);
+
+    db.execute("ALTER SEQUENCE public.legacy_outbox_seq_seq CACHE 20")
+        .await;
+    let config = config_for(db, db.upstream(), ordered);
+    let refused = within(
+        secs(30),
+        "Server::build",
+        Server::build(config, &CancellationToken::new()),
+    )
+    .await
+    .map(|_| ())
+    .expect_err("a caching sequence cannot keep commit order");
+    assert!(
+        format!("{refused:#}").contains("CACHE to be 1"),
+        "{refused:#}"
+    );
 }

@@ -1,6 +1,6 @@
 //! The store's behaviour, written once against its traits (`OutboxStore`,
-//! `Arrivals`): every backend runs the same cases, each on a database of its
-//! own. A new backend implements `Backend` and adds one line to the list at
+//! `Arrivals`, `AdminStore`): every backend runs the same cases, each on a
+//! database of its own. A new backend implements `Backend` and adds one line to the list at
 //! the bottom.
 
 use std::{sync::Arc, time::Duration};
@@ -8,10 +8,11 @@ use std::{sync::Arc, time::Duration};
 use outboxd::{
     lease::{
         AckRequest, ClaimRequest, ClaimedBatch, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
-        ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, Settled, WorkerId,
+        ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, PageRequest,
+        RedriveSelector, Settled, WorkerId,
     },
-    outbox::{Ordering, OutboxPolicy, OutboxSpec, TableRef},
-    store::{self, AdoptMode, Arrivals, ConnectSettings, OutboxStore, PgStore, Store},
+    outbox::{Ordering, OutboxPolicy, OutboxSpec, Poison, TableRef},
+    store::{self, AdminStore, AdoptMode, Arrivals, ConnectSettings, OutboxStore, PgStore, Store},
 };
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -72,12 +73,19 @@ struct Fixture<S: Store> {
 }
 
 async fn fixture<B: Backend>(policy: OutboxPolicy) -> Fixture<B::Store> {
+    ordered_fixture::<B>(policy, Ordering::None).await
+}
+
+async fn ordered_fixture<B: Backend>(
+    policy: OutboxPolicy,
+    ordering: Ordering,
+) -> Fixture<B::Store> {
     let db = TestDb::create().await;
     let spec = OutboxSpec {
         name: OutboxName::DEFAULT.to_owned(),
         table: table(),
         policy,
-        ordering: Ordering::None,
+        ordering,
     };
     let store = B::open(&db, &[spec]).await;
     let outbox = store.outboxes().remove(0);
@@ -120,6 +128,26 @@ async fn produce(db: &TestDb, n: usize) -> Vec<Uuid> {
     .await
     .expect("insert events");
     ids
+}
+
+/// One committed INSERT of an event per aggregate named, in that order.
+async fn produce_for(db: &TestDb, aggregates: &[&str]) -> Vec<Uuid> {
+    let ids: Vec<Uuid> = aggregates.iter().map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload) \
+         SELECT id, aggregate, 'order.changed', '{}' \
+         FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS t(id, aggregate, n) ORDER BY n",
+    )
+    .bind(&ids)
+    .bind(aggregates)
+    .execute(&db.pool)
+    .await
+    .expect("insert events");
+    ids
+}
+
+fn page(size: u32, after: Option<i64>) -> PageRequest {
+    PageRequest { size, after }
 }
 
 fn claim(max_messages: u32, lease: Duration) -> ClaimRequest {
@@ -520,6 +548,238 @@ mod cases {
             "younger than retention"
         );
         assert_eq!(f.outbox.stats().await.expect("stats").published_retained, 1);
+
+        // A dead letter given up is kept like history, then purged.
+        assert_eq!(
+            f.outbox
+                .discard(&message_ids(&ids[1..2]))
+                .await
+                .expect("discard"),
+            1
+        );
+        wait_until(
+            secs(15),
+            "the discarded row outlives its retention and is purged",
+            async || {
+                f.outbox.purge_published(100).await.expect("purge");
+                f.db.scalar_i64(&format!(
+                    "SELECT count(*) FROM outbox WHERE id = '{}'",
+                    ids[1]
+                ))
+                .await
+                    == 0
+            },
+        )
+        .await;
+    }
+}
+
+/// Per-aggregate order and the operators' calls (`AdminStore`).
+mod ordered_cases {
+    use super::*;
+
+    pub async fn an_ordered_outbox_hands_out_each_aggregates_head_alone<B: Backend>() {
+        let f = ordered_fixture::<B>(default_policy(), Ordering::Aggregate(Poison::Block)).await;
+        let ids = produce_for(&f.db, &["a", "a", "b", "a", "b"]).await;
+        let first = claim_when_due(&f.outbox, "the heads", &claim(10, secs(60))).await;
+        assert_eq!(
+            ids_of(&first),
+            [ids[0], ids[2]],
+            "one event per aggregate, its first"
+        );
+        let none = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert!(none.messages.is_empty(), "both aggregates are leased");
+
+        f.outbox
+            .ack(&ack(first.lease_id, &ids[..1]))
+            .await
+            .expect("ack");
+        let next = claim_when_due(&f.outbox, "a's second", &claim(10, secs(60))).await;
+        assert_eq!(ids_of(&next), [ids[1]]);
+
+        // b's head waits out a backoff: b's next event waits with it.
+        let held = f
+            .outbox
+            .nack(&nack(first.lease_id, &ids[2..3], Some(secs(60))))
+            .await
+            .expect("nack");
+        assert_eq!(outcomes(&held), [Outcome::Ok]);
+        let none = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert!(none.messages.is_empty(), "{:?}", ids_of(&none));
+    }
+
+    pub async fn an_expired_head_comes_back_before_its_aggregates_next<B: Backend>() {
+        let f = ordered_fixture::<B>(default_policy(), Ordering::Aggregate(Poison::Block)).await;
+        let ids = produce_for(&f.db, &["a", "a"]).await;
+        let first = claim_when_due(&f.outbox, "a's head", &claim(10, secs(1))).await;
+        assert_eq!(ids_of(&first), [ids[0]]);
+        let again = claim_when_due(&f.outbox, "the expired head", &claim(10, secs(60))).await;
+        assert_eq!(ids_of(&again), [ids[0]], "the head again, alone");
+        assert_eq!(again.messages[0].attempt, 2);
+        assert_eq!(again.expired_leases.len(), 1);
+    }
+
+    pub async fn a_dead_lettered_head_blocks_its_aggregate_until_redriven_or_discarded<
+        B: Backend,
+    >() {
+        let f = ordered_fixture::<B>(default_policy(), Ordering::Aggregate(Poison::Block)).await;
+        let ids = produce_for(&f.db, &["a", "a", "b"]).await;
+        let first = claim_when_due(&f.outbox, "the heads", &claim(10, secs(60))).await;
+        assert_eq!(ids_of(&first), [ids[0], ids[2]]);
+        let mut dead = nack(first.lease_id, &ids[..1], None);
+        dead.dead_letter = true;
+        f.outbox.nack(&dead).await.expect("nack");
+        f.outbox
+            .ack(&ack(first.lease_id, &ids[2..]))
+            .await
+            .expect("ack");
+        let none = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert!(
+            none.messages.is_empty(),
+            "a is blocked: {:?}",
+            ids_of(&none)
+        );
+
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.blocked_keys, stats.dead_lettered), (1, 1));
+        let blocked = f
+            .outbox
+            .blocked_keys(page(10, None))
+            .await
+            .expect("blocked");
+        assert_eq!(blocked.items.len(), 1);
+        assert_eq!(
+            (
+                blocked.items[0].aggregate_id.as_str(),
+                blocked.items[0].head,
+                blocked.items[0].held
+            ),
+            ("a", ids[0], 1)
+        );
+        assert_eq!(blocked.next, None);
+
+        let redriven = f
+            .outbox
+            .redrive(&RedriveSelector::Aggregate("a".into()))
+            .await
+            .expect("redrive");
+        assert_eq!(redriven, 1);
+        let head = claim_when_due(&f.outbox, "the redriven head", &claim(10, secs(60))).await;
+        assert_eq!(
+            ids_of(&head),
+            [ids[0]],
+            "the head first, not the event behind it"
+        );
+        assert_eq!(head.messages[0].attempt, 1, "attempts start again");
+
+        let mut dead = nack(head.lease_id, &ids[..1], None);
+        dead.dead_letter = true;
+        f.outbox.nack(&dead).await.expect("nack");
+        assert_eq!(
+            f.outbox
+                .discard(&message_ids(&ids[1..2]))
+                .await
+                .expect("discard"),
+            0,
+            "only dead letters are discarded"
+        );
+        assert_eq!(
+            f.outbox
+                .discard(&message_ids(&ids[..1]))
+                .await
+                .expect("discard"),
+            1
+        );
+        let next = claim_when_due(&f.outbox, "the event behind", &claim(10, secs(60))).await;
+        assert_eq!(ids_of(&next), [ids[1]]);
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.blocked_keys, stats.dead_lettered), (0, 0));
+        assert!(
+            f.outbox
+                .dead_letters(None, page(10, None))
+                .await
+                .expect("list")
+                .items
+                .is_empty(),
+            "a discarded event is no longer a dead letter"
+        );
+    }
+
+    pub async fn under_park_a_dead_lettered_head_lets_its_aggregate_go_on<B: Backend>() {
+        let f =
+            ordered_fixture::<B>(policy(1, secs(3600)), Ordering::Aggregate(Poison::Park)).await;
+        let ids = produce_for(&f.db, &["a", "a"]).await;
+        claim_when_due(&f.outbox, "a's head", &claim(10, secs(1))).await;
+        // Its one attempt expires: the next claim parks it and goes on.
+        let next = claim_when_due(&f.outbox, "a's next event", &claim(10, secs(60))).await;
+        assert_eq!(ids_of(&next), [ids[1]]);
+        let stats = f.outbox.stats().await.expect("stats");
+        assert_eq!((stats.blocked_keys, stats.dead_lettered), (0, 1));
+        assert!(
+            f.outbox
+                .blocked_keys(page(10, None))
+                .await
+                .expect("blocked")
+                .items
+                .is_empty()
+        );
+    }
+
+    pub async fn dead_letters_page_in_sequence_order_and_redrive_by_id_or_all<B: Backend>() {
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce_for(&f.db, &["a", "b", "a", "c", "a"]).await;
+        let batch = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        let mut dead = nack(batch.lease_id, &ids, None);
+        dead.dead_letter = true;
+        f.outbox.nack(&dead).await.expect("nack");
+
+        let mut seen = Vec::new();
+        let mut after = None;
+        let mut pages = 0;
+        loop {
+            let got = f
+                .outbox
+                .dead_letters(None, page(2, after))
+                .await
+                .expect("list");
+            pages += 1;
+            assert!(got.items.len() <= 2);
+            seen.extend(got.items.iter().map(|d| d.message.id));
+            assert!(
+                got.items
+                    .iter()
+                    .all(|d| d.last_error == "the broker refused it")
+            );
+            match got.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ids, "every dead letter once, in sequence order");
+        assert_eq!(pages, 3);
+        let of_a = f
+            .outbox
+            .dead_letters(Some("a"), page(10, None))
+            .await
+            .expect("list");
+        let of_a: Vec<Uuid> = of_a.items.iter().map(|d| d.message.id).collect();
+        assert_eq!(of_a, [ids[0], ids[2], ids[4]]);
+
+        let two = RedriveSelector::Ids(message_ids(&[ids[1], ids[3]]));
+        assert_eq!(f.outbox.redrive(&two).await.expect("redrive"), 2);
+        assert_eq!(
+            f.outbox.redrive(&two).await.expect("again"),
+            0,
+            "no longer dead"
+        );
+        let again = f.outbox.claim(&claim(10, secs(60))).await.expect("claim");
+        assert_eq!(ids_of(&again), [ids[1], ids[3]]);
+        assert!(again.messages.iter().all(|m| m.attempt == 1));
+        assert_eq!(
+            f.outbox.redrive(&RedriveSelector::All).await.expect("all"),
+            3
+        );
+        assert_eq!(f.outbox.stats().await.expect("stats").dead_lettered, 0);
     }
 }
 
@@ -536,6 +796,21 @@ macro_rules! conformance {
             leases_lost_in_a_crash_fence_their_settles_and_free_their_rows,
             the_probed_sequence_moves_with_every_insert_committed_or_not,
         );
+        conformance!(@ordered $backend:
+            an_ordered_outbox_hands_out_each_aggregates_head_alone,
+            an_expired_head_comes_back_before_its_aggregates_next,
+            a_dead_lettered_head_blocks_its_aggregate_until_redriven_or_discarded,
+            under_park_a_dead_lettered_head_lets_its_aggregate_go_on,
+            dead_letters_page_in_sequence_order_and_redrive_by_id_or_all,
+        );
+    };
+    (@ordered $backend:ty: $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::ordered_cases::$case::<$backend>().await;
+            }
+        )+
     };
     ($backend:ty: $($case:ident),+ $(,)?) => {
         $(

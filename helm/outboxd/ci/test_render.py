@@ -442,7 +442,31 @@ def test_migration_job_gets_the_database_settings(variant):
 def test_outboxes_render_with_options(render):
     data = render("all-options-values.yaml").configmap()["data"]
     assert data["OUTBOXD_OUTBOXES"] == (
-        "default=public.outbox,orders=sales.outbox:backoff_base=2s:max_attempts=3:retention=0")
+        "default=public.outbox,"
+        "orders=sales.outbox:ordering=aggregate:poison=park:backoff_base=2s:max_attempts=3:retention=0,"
+        "payments=sales.payments_outbox:ordering=aggregate")
+
+
+@pytest.mark.parametrize("outbox, spec", [
+    ({"ordering": "aggregate"}, "o=s.t:ordering=aggregate"),
+    ({"ordering": "aggregate", "poison": "block"}, "o=s.t:ordering=aggregate:poison=block"),
+    ({"ordering": "aggregate", "poison": "park", "options": {"max_attempts": 5}},
+     "o=s.t:ordering=aggregate:poison=park:max_attempts=5"),
+    ({"ordering": "none"}, "o=s.t:ordering=none"),
+    ({"ordering": "", "poison": ""}, "o=s.t"),  # empty: left to outboxd's default, not rendered
+    ({}, "o=s.t"),
+])
+def test_ordered_outbox_renders_ordering_and_poison(render, outbox, spec):
+    """An ordered outbox reaches outboxd as `:ordering=...:poison=...` in
+    OUTBOXD_OUTBOXES (ConfigMap, and the migration Job's env), only when set;
+    the probes do not change with it."""
+    r = render({"config": {"outboxes": [{"name": "o", "table": "s.t", **outbox}]}})
+    assert r.configmap()["data"]["OUTBOXD_OUTBOXES"] == spec
+    assert _env(_containers(r.job())[0])["OUTBOXD_OUTBOXES"] == spec
+    default = render("default").server()["spec"]["template"]["spec"]["containers"][0]
+    container = _containers(r.server())[0]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe] == default[probe], probe
 
 
 def test_config_change_rolls_the_pods(render):
@@ -521,6 +545,14 @@ def test_all_options(render):
     ({"otel": {"enabled": True}}, "endpoint"),
     ({"migrations": {"mode": "sometimes"}}, "mode"),
     ({"replicaCont": 3}, "replicaCont"),
+    ({"config": {"outboxes": [{"name": "o", "table": "s.t", "ordering": "partition"}]}}, "ordering"),
+    ({"config": {"outboxes": [{"name": "o", "table": "s.t", "ordering": "aggregate", "poison": "drop"}]}},
+     "poison"),
+    ({"config": {"outboxes": [{"name": "o", "table": "s.t", "poison": "park"}]}}, "ordering"),
+    ({"config": {"outboxes": [{"name": "o", "table": "s.t", "ordering": "none", "poison": "block"}]}},
+     "ordering"),
+    ({"config": {"outboxes": [{"name": "o", "table": "s.t", "options": {"ordering": "aggregate"}}]}},
+     "ordering"),
 ])
 def test_bad_values_are_refused(render, values, reason):
     with pytest.raises(helmkit.RenderError, match=reason):

@@ -203,6 +203,17 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
 {{- $outboxes := list }}
 {{- range $c.outboxes }}
 {{- $spec := printf "%s=%s" .name .table }}
+{{- /* ordering and poison go first, and only when set; outboxd refuses poison without
+ordering=aggregate (exit 64), so say so at install instead. */}}
+{{- if and .poison (ne (toString .ordering) "aggregate") }}
+{{- fail (printf "config.outboxes[%s].poison (%s) needs ordering: aggregate on that outbox" .name .poison) }}
+{{- end }}
+{{- with .ordering }}
+{{- $spec = printf "%s:ordering=%s" $spec . }}
+{{- end }}
+{{- with .poison }}
+{{- $spec = printf "%s:poison=%s" $spec . }}
+{{- end }}
 {{- range $opt, $val := (.options | default dict) }}
 {{- $spec = printf "%s:%s=%v" $spec $opt $val }}
 {{- end }}

@@ -19,8 +19,10 @@
 //! transaction id with `xmin`, this also holds when the later event's
 //! transaction got its id first.
 //!
-//! A transaction that stays open (in any database of the server: snapshots
-//! are cluster-wide) holds new ordered events back for as long; [`holdback`]
+//! `xmin` is taken over this database's transactions only (and its prepared
+//! ones): a transaction elsewhere on the server cannot insert here. One that
+//! stays open in this database holds new ordered events back for as long,
+//! whatever it writes; [`holdback`]
 //! says how long, for the `outbox_commit_order_holdback_seconds` gauge. Events
 //! handed out once, and expired leases, are not held. The guard starts from
 //! nothing: after a restart, the first events wait for the transactions open
@@ -49,7 +51,7 @@ const MAX_WAITING: usize = 256;
 pub(super) struct Probe {
     /// The sequence's last value, read after the snapshot was taken.
     pub last_value: i64,
-    /// The snapshot's oldest running transaction id (its `xmax` when none runs).
+    /// The oldest transaction id running in the database (`xmax` when none runs).
     pub xmin: i64,
     /// The snapshot's first transaction id not yet assigned.
     pub xmax: i64,
