@@ -21,8 +21,8 @@ use tonic_types::StatusExt;
 use uuid::Uuid;
 
 use crate::support::{
-    DEAD_LETTERED, OK, ServerArgs, TestApp, claim_request, dur, ids as batch_ids, millis, seconds,
-    secs, strings, time, wait_until, within,
+    DEAD_LETTERED, OK, ServerArgs, TestApp, TestDb, claim_request, dur, ids as batch_ids, millis,
+    seconds, secs, strings, time, wait_until, within,
 };
 
 /// An ordered outbox under the default poison policy (block).
@@ -1587,6 +1587,20 @@ async fn a_long_open_writer_shows_as_commit_order_holdback() {
     )
     .await;
     deliver_next(&app, ORDERED, &event).await;
+}
+
+#[tokio::test]
+async fn a_long_open_writer_in_another_database_holds_nothing_back() {
+    let app = spawn_ordered().await;
+    let elsewhere = TestDb::create().await;
+    let mut writer = elsewhere.pool.begin().await.expect("begin a writer");
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *writer)
+        .await
+        .expect("take an xid");
+    let event = produce(&app, ORDERED_TABLE, "a").await;
+    deliver_next(&app, ORDERED, &event).await;
+    writer.rollback().await.expect("the writer ends");
 }
 
 // ---- reflection ----
