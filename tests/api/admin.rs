@@ -17,6 +17,7 @@ use outboxd::grpc::pb::{
 use serde_json::{Value, json};
 use sqlx::AssertSqlSafe;
 use tonic::{Code, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_types::StatusExt;
 use uuid::Uuid;
 
@@ -1606,7 +1607,7 @@ async fn a_long_open_writer_in_another_database_holds_nothing_back() {
 // ---- reflection ----
 
 #[tokio::test]
-async fn reflection_lists_and_describes_the_admin_service() {
+async fn reflection_lists_and_describes_the_admin_service_and_health_names_it() {
     use prost::Message as _;
     use tonic_reflection::pb::v1::{
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
@@ -1658,5 +1659,13 @@ async fn reflection_lists_and_describes_the_admin_service() {
     assert_eq!(
         methods,
         ["ListDeadLetters", "ListBlockedKeys", "Redrive", "Discard"]
+    );
+
+    assert_eq!(
+        app.health_of("outbox.v1.OutboxAdmin")
+            .await
+            .expect("Health/Check"),
+        ServingStatus::Serving,
+        "health answers for the admin service like for the API"
     );
 }
