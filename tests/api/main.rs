@@ -17,6 +17,7 @@ mod lease_state;
 mod long_poll;
 mod nack;
 mod observability;
+mod ordering;
 mod outboxes;
 mod plans;
 mod relay;

@@ -7,6 +7,7 @@
 
 mod harness;
 mod history;
+mod ordering;
 mod relay;
 #[path = "../shared/mod.rs"]
 mod shared;

@@ -175,6 +175,11 @@ pub struct Outboxd {
 impl Outboxd {
     /// Starts outboxd on `port` against `database_url` and waits until it serves.
     pub async fn start(database_url: &str, port: u16) -> Self {
+        Self::start_with(database_url, port, &[]).await
+    }
+
+    /// As [`Outboxd::start`], with further arguments (`--outbox ...`).
+    pub async fn start_with(database_url: &str, port: u16, extra: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let child = child_command(bins::outboxd())
             .args(["--database-url", database_url])
@@ -184,6 +189,7 @@ impl Outboxd {
             .args(["--health-interval", "200ms"])
             .args(["--db-acquire-timeout", "1s"])
             .args(["--drain-timeout", "2s"])
+            .args(extra)
             .spawn()
             .expect("spawn outboxd");
         let server = Self { child, addr };
