@@ -97,10 +97,16 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
 /// Builds a `--no-migrate` server on the legacy table and returns why it refused;
 /// `what` names the table's state for the failure message if it started.
 async fn refused_without_migrate(db: &TestDb, what: &str) -> String {
-    let config = config_for(db, db.upstream(), |args| {
+    refused(db, what, |args| {
         legacy(args);
         args.flag("--no-migrate");
-    });
+    })
+    .await
+}
+
+/// Builds a server with `customize` and returns why it refused to start.
+async fn refused(db: &TestDb, what: &str, customize: impl FnOnce(&mut ServerArgs)) -> String {
+    let config = config_for(db, db.upstream(), customize);
     let built = within(
         secs(30),
         "Server::build",
@@ -108,7 +114,7 @@ async fn refused_without_migrate(db: &TestDb, what: &str) -> String {
     )
     .await;
     match built {
-        Ok(_) => panic!("--no-migrate served {what}"),
+        Ok(_) => panic!("outboxd served {what}"),
         Err(err) => format!("{err:#}"),
     }
 }
@@ -428,22 +434,12 @@ async fn ordering_an_outbox_adds_its_index_and_upgrades_an_earlier_lease_table()
         args.add("--outbox", "legacy=public.legacy_outbox:ordering=aggregate");
     };
 
-    let config = config_for(db, db.upstream(), |args| {
+    let err = refused(db, "an ordered table without its index", |args| {
         ordered(args);
         args.flag("--no-migrate");
-    });
-    let refused = within(
-        secs(30),
-        "Server::build",
-        Server::build(config, &CancellationToken::new()),
-    )
-    .await
-    .map(|_| ())
-    .expect_err("--no-migrate cannot order a table without its index");
-    assert!(
-        format!("{refused:#}").contains("legacy_outbox_aggregate_idx"),
-        "{refused:#}"
-    );
+    })
+    .await;
+    assert!(err.contains("legacy_outbox_aggregate_idx"), "{err}");
 
     let app = TestApp::spawn_on(Arc::clone(db), ordered)
         .await
@@ -462,17 +458,6 @@ async fn ordering_an_outbox_adds_its_index_and_upgrades_an_earlier_lease_table()
 
     db.execute("ALTER SEQUENCE public.legacy_outbox_seq_seq CACHE 20")
         .await;
-    let config = config_for(db, db.upstream(), ordered);
-    let refused = within(
-        secs(30),
-        "Server::build",
-        Server::build(config, &CancellationToken::new()),
-    )
-    .await
-    .map(|_| ())
-    .expect_err("a caching sequence cannot keep commit order");
-    assert!(
-        format!("{refused:#}").contains("CACHE to be 1"),
-        "{refused:#}"
-    );
+    let err = refused(db, "ordering over a caching sequence", ordered).await;
+    assert!(err.contains("CACHE to be 1"), "{err}");
 }

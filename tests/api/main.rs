@@ -6,6 +6,7 @@ mod shared;
 mod support;
 
 mod ack;
+mod admin;
 mod adoption;
 mod availability;
 mod claim;

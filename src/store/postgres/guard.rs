@@ -8,16 +8,17 @@
 //! still commit a lower `seq` has ended.
 //!
 //! The guard learns that from probes, each one statement: the sequence's last
-//! value `L` and the transaction ids of its snapshot. A value read at one probe
-//! was drawn by a transaction that (a moment later, when its row is written)
-//! holds an id below the `xmax` of any snapshot taken after that moment; once
-//! the oldest running transaction (`xmin`) is past that `xmax`, all of them
-//! have ended, and every `seq` up to `L` is either visible or never will be.
-//! So a read is paired with the `xmax` of a probe at least [`GRACE`] later
-//! (the moment between drawing a value and writing the row), and the pair
-//! becomes safe when `xmin` passes its `xmax`. Unlike comparing each row's own
-//! transaction id with `xmin`, this also holds when the later event's
-//! transaction got its id first.
+//! value `L`, and the ids of the transactions running in the database: the
+//! oldest (`xmin`) and one past the newest (`xmax`). A value read at one probe
+//! was drawn by a transaction that, a moment later (when it writes its row),
+//! holds an id and so is among the running ones of any probe after that
+//! moment, below that probe's `xmax`; once `xmin` is past that `xmax`, all of
+//! them have ended, and every `seq` up to `L` is either visible or never will
+//! be. So a read is paired with the `xmax` of a probe at least [`GRACE`]
+//! later (the moment between drawing a value and writing the row), and the
+//! pair becomes safe when `xmin` passes its `xmax`. Unlike comparing each
+//! row's own transaction id with the oldest running one, this also holds when
+//! the later event's transaction got its id first.
 //!
 //! `xmin` is taken over this database's transactions only (and its prepared
 //! ones): a transaction elsewhere on the server cannot insert here. One that
@@ -53,7 +54,8 @@ pub(super) struct Probe {
     pub last_value: i64,
     /// The oldest transaction id running in the database (`xmax` when none runs).
     pub xmin: i64,
-    /// The snapshot's first transaction id not yet assigned.
+    /// One past the newest transaction id running in the database (the
+    /// snapshot's xmax when none runs).
     pub xmax: i64,
     /// When the probe was sent, before its snapshot was taken.
     pub sent: Instant,

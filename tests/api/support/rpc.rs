@@ -5,10 +5,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use outboxd::grpc::pb::{
-    self, AckRequest, ClaimBatchRequest, ClaimBatchResponse, ExtendLeaseRequest,
-    ExtendLeaseResponse, GetStatsRequest, GetStatsResponse, MessageResult, NackRequest, Outcome,
+    self, AckRequest, ClaimBatchRequest, ClaimBatchResponse, DiscardRequest, ExtendLeaseRequest,
+    ExtendLeaseResponse, GetStatsRequest, GetStatsResponse, ListBlockedKeysRequest,
+    ListBlockedKeysResponse, ListDeadLettersRequest, ListDeadLettersResponse, MessageResult,
+    NackRequest, Outcome, RedriveRequest, outbox_admin_client::OutboxAdminClient,
 };
-use tonic::Status;
+use tonic::{Status, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 use uuid::Uuid;
 
@@ -204,6 +206,81 @@ impl TestApp {
         let all = self.health_of("").await.ok()?;
         let api = self.health_of(outboxd::server::SERVICE_NAME).await.ok()?;
         (all == api).then_some(all)
+    }
+}
+
+/// The operator's side: `outbox.v1.OutboxAdmin`, on the server's one port.
+/// The `try_` calls hand back the status; the others fail the test on one.
+impl TestApp {
+    /// An admin client on a connection of its own.
+    pub async fn admin(&self) -> OutboxAdminClient<Channel> {
+        OutboxAdminClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect an admin client")
+    }
+
+    pub async fn try_list_dead_letters(
+        &self,
+        req: ListDeadLettersRequest,
+    ) -> Result<ListDeadLettersResponse, Status> {
+        let mut admin = self.admin().await;
+        within(RPC_GUARD, "ListDeadLetters", admin.list_dead_letters(req))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    pub async fn list_dead_letters(&self, req: ListDeadLettersRequest) -> ListDeadLettersResponse {
+        self.try_list_dead_letters(req)
+            .await
+            .unwrap_or_else(|s| panic!("ListDeadLetters failed: {s:?}"))
+    }
+
+    pub async fn try_list_blocked_keys(
+        &self,
+        req: ListBlockedKeysRequest,
+    ) -> Result<ListBlockedKeysResponse, Status> {
+        let mut admin = self.admin().await;
+        within(RPC_GUARD, "ListBlockedKeys", admin.list_blocked_keys(req))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    pub async fn list_blocked_keys(&self, req: ListBlockedKeysRequest) -> ListBlockedKeysResponse {
+        self.try_list_blocked_keys(req)
+            .await
+            .unwrap_or_else(|s| panic!("ListBlockedKeys failed: {s:?}"))
+    }
+
+    /// Redrive's count.
+    pub async fn try_redrive(&self, req: RedriveRequest) -> Result<u64, Status> {
+        let mut admin = self.admin().await;
+        within(RPC_GUARD, "Redrive", admin.redrive(req))
+            .await
+            .map(|r| r.into_inner().redriven)
+    }
+
+    pub async fn redrive(&self, req: RedriveRequest) -> u64 {
+        self.try_redrive(req)
+            .await
+            .unwrap_or_else(|s| panic!("Redrive failed: {s:?}"))
+    }
+
+    /// Discard's count.
+    pub async fn try_discard(&self, outbox: &str, ids: &[impl AsRef<str>]) -> Result<u64, Status> {
+        let req = DiscardRequest {
+            outbox: outbox.into(),
+            message_ids: owned(ids),
+        };
+        let mut admin = self.admin().await;
+        within(RPC_GUARD, "Discard", admin.discard(req))
+            .await
+            .map(|r| r.into_inner().discarded)
+    }
+
+    pub async fn discard(&self, outbox: &str, ids: &[impl AsRef<str>]) -> u64 {
+        self.try_discard(outbox, ids)
+            .await
+            .unwrap_or_else(|s| panic!("Discard failed: {s:?}"))
     }
 }
 
