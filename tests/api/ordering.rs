@@ -4,7 +4,7 @@
 //! `poison=block` and is stepped over under `poison=park`; leases, backoff,
 //! expiries and restarts keep all of it. `ordering=none` is unchanged.
 
-use std::{collections::HashSet, process::Output, time::Duration};
+use std::{collections::HashSet, time::Duration};
 
 use outboxd::grpc::pb::{
     ClaimBatchResponse, DiscardRequest, ListBlockedKeysRequest, NackRequest, RedriveRequest,
@@ -12,19 +12,12 @@ use outboxd::grpc::pb::{
 };
 use serde_json::json;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    process::Command,
-};
 use tonic::transport::Channel;
 use uuid::Uuid;
 
-use crate::{
-    shared::bins,
-    support::{
-        DEAD_LETTERED, LEASE_LOST, OK, TestApp, claim_request, ids, millis, secs, wait_until,
-        within,
-    },
+use crate::support::{
+    DEAD_LETTERED, LEASE_LOST, OK, TestApp, claim_request, gauge, ids, millis, run_outboxd, said,
+    secs, wait_until, within,
 };
 
 type Admin = OutboxAdminClient<Channel>;
@@ -53,15 +46,9 @@ async fn spawn_ordered(options: &str) -> TestApp {
 
 async fn first_gauge_sample(app: &TestApp) {
     wait_until(EXPECTED_WITHIN, "the first gauge sample", async || {
-        !gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds").is_nan()
+        holdback(app).await.is_some()
     })
     .await;
-}
-
-async fn admin(app: &TestApp) -> Admin {
-    OutboxAdminClient::connect(format!("http://{}", app.addr))
-        .await
-        .expect("connect an OutboxAdmin client")
 }
 
 /// One event of `aggregate` into `public.outbox` on `conn`, in whatever
@@ -508,7 +495,7 @@ async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     wait_until(
         EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds reaches 1 s while T1 is open",
-        async || holdback(&app).await >= 1.0,
+        async || holdback(&app).await.is_some_and(|v| v >= 1.0),
     )
     .await;
     nothing_claimable(&app, Duration::ZERO, "T1 is still open").await;
@@ -518,7 +505,7 @@ async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     wait_until(
         EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds is back to 0",
-        async || holdback(&app).await == 0.0,
+        async || holdback(&app).await == Some(0.0),
     )
     .await;
 }
@@ -532,33 +519,14 @@ async fn app_sequence(app: &TestApp, id: &str) -> i64 {
         .expect("read a row's sequence")
 }
 
-/// `outbox_commit_order_holdback_seconds{outbox="default"}` now.
-async fn holdback(app: &TestApp) -> f64 {
-    gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds")
-}
-
-/// Scrapes `/metrics` with a bare HTTP/1.0 request.
-async fn scrape(app: &TestApp) -> String {
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr)
-        .await
-        .expect("metrics endpoint");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
-        .await
-        .expect("send scrape");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("read scrape");
-    body
-}
-
-/// The value of gauge `name{outbox="default"}`; NaN when it is not there
-/// (before the first sample).
-fn gauge(body: &str, name: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| l.contains("outbox=\"default\""))
-        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
+/// `outbox_commit_order_holdback_seconds{outbox="default"}` now; `None`
+/// before the first sample.
+async fn holdback(app: &TestApp) -> Option<f64> {
+    gauge(
+        &app.scrape().await,
+        "outbox_commit_order_holdback_seconds",
+        "default",
+    )
 }
 
 // ---- poison=block ----
@@ -566,7 +534,7 @@ fn gauge(body: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     let app = spawn_ordered(":poison=block").await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let [a1, b1, a2, b2, a3] =
         <[String; 5]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A"]).await)
             .expect("five events");
@@ -612,7 +580,7 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
 #[tokio::test]
 async fn discarding_a_blocked_head_lets_the_next_event_go() {
     let app = spawn_ordered("").await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
     let batch = next_batch(&app, "w", 10, secs(30)).await;
@@ -637,7 +605,7 @@ async fn discarding_a_blocked_head_lets_the_next_event_go() {
 #[tokio::test]
 async fn a_head_out_of_attempts_blocks_its_aggregate_under_block() {
     let app = spawn_ordered(":poison=block:max_attempts=2").await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let [a1, a2] =
         <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
     let first = next_batch(&app, "crashy", 1, secs(1)).await;
@@ -683,7 +651,7 @@ async fn expire_twice(app: &TestApp, a1: &str, first: &ClaimBatchResponse) {
 #[tokio::test]
 async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     let app = spawn_ordered(":poison=park").await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let [a1, a2, a3] =
         <[String; 3]>::try_from(commit_events(&app, &["A", "A", "A"]).await).expect("three events");
     let batch = next_batch(&app, "w", 10, secs(30)).await;
@@ -760,7 +728,7 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     .await
     .expect("the second server starts");
     first_gauge_sample(&app).await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let after = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(
         ids(&after),
@@ -786,25 +754,6 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
 }
 
 // ---- configuration ----
-
-/// Runs the real binary to completion (bounded) with `args`, the caller's
-/// `OUTBOXD_*` and `DATABASE_URL` removed, plus `env`.
-async fn outboxd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(bins::outboxd());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
-            command.env_remove(key);
-        }
-    }
-    command
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
-        .kill_on_drop(true);
-    within(secs(60), "outboxd exits by itself", command.output())
-        .await
-        .expect("run outboxd")
-}
 
 #[tokio::test]
 async fn bad_ordering_options_exit_64_and_say_why() {
@@ -836,12 +785,8 @@ async fn bad_ordering_options_exit_64_and_say_why() {
                 vec![("OUTBOXD_OUTBOXES", bad)],
             ),
         ] {
-            let output = outboxd(&args, &env).await;
-            let said = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let output = run_outboxd(&args, &env).await;
+            let said = said(&output);
             assert_eq!(output.status.code(), Some(64), "{bad} ({env:?}):\n{said}");
             assert!(said.contains(why), "{bad}: says {why:?}:\n{said}");
         }
