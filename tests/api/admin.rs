@@ -279,43 +279,55 @@ fn blocked(page: &ListBlockedKeysResponse) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// Pages through ListDeadLetters from the first page: each page's ids and the
-/// token it ended with. Fails on a chain that does not end.
+/// Pages through a list from the page `first_token` names: each page's items
+/// and the token it ended with. Fails on a chain that does not end.
+async fn pages<T: Debug>(
+    first_token: String,
+    mut page: impl AsyncFnMut(String) -> (Vec<T>, String),
+) -> Vec<(Vec<T>, String)> {
+    let mut pages = Vec::new();
+    let mut token = first_token;
+    loop {
+        let (items, next) = page(token).await;
+        pages.push((items, next.clone()));
+        if next.is_empty() {
+            return pages;
+        }
+        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
+        token = next;
+    }
+}
+
+/// Pages through ListDeadLetters from the first page, like [`pages`].
 async fn dead_letter_pages(
     app: &TestApp,
     first: ListDeadLettersRequest,
 ) -> Vec<(Vec<String>, String)> {
-    let mut pages = Vec::new();
-    let mut req = first;
-    loop {
-        let page = app.list_dead_letters(req.clone()).await;
-        let token = page.next_page_token.clone();
-        pages.push((listed(&page), token.clone()));
-        if token.is_empty() {
-            return pages;
-        }
-        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
-        req.page_token = token;
-    }
+    pages(first.page_token.clone(), async |page_token| {
+        let req = ListDeadLettersRequest {
+            page_token,
+            ..first.clone()
+        };
+        let page = app.list_dead_letters(req).await;
+        (listed(&page), page.next_page_token)
+    })
+    .await
 }
 
-/// Pages through ListBlockedKeys from the first page, like [`dead_letter_pages`].
+/// Pages through ListBlockedKeys from the first page, like [`pages`].
 async fn blocked_key_pages(
     app: &TestApp,
     first: ListBlockedKeysRequest,
 ) -> Vec<(Vec<(String, String, u64)>, String)> {
-    let mut pages = Vec::new();
-    let mut req = first;
-    loop {
-        let page = app.list_blocked_keys(req.clone()).await;
-        let token = page.next_page_token.clone();
-        pages.push((blocked(&page), token.clone()));
-        if token.is_empty() {
-            return pages;
-        }
-        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
-        req.page_token = token;
-    }
+    pages(first.page_token.clone(), async |page_token| {
+        let req = ListBlockedKeysRequest {
+            page_token,
+            ..first.clone()
+        };
+        let page = app.list_blocked_keys(req).await;
+        (blocked(&page), page.next_page_token)
+    })
+    .await
 }
 
 /// Checks a chain of pages: tokens that differ, each page no larger than

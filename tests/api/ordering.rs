@@ -80,6 +80,19 @@ async fn commit_events(app: &TestApp, aggregates: &[&str]) -> Vec<String> {
     ids
 }
 
+/// Commits one event per entry of `aggregates`, as [`commit_events`]; their
+/// ids, one per aggregate named.
+async fn commit<const N: usize>(app: &TestApp, aggregates: [&str; N]) -> [String; N] {
+    <[String; N]>::try_from(commit_events(app, &aggregates).await).expect("one id per event")
+}
+
+/// Acks `id` under `lease`, which must succeed, then claims at once (no
+/// wait) what that ack let go.
+async fn ack_and_claim(app: &TestApp, lease: &str, id: &str) -> ClaimBatchResponse {
+    assert_eq!(app.ack(lease, &[id]).await, [OK]);
+    app.claim("w", 10, secs(30), Duration::ZERO).await
+}
+
 /// A producer transaction left open until the test commits or rolls it back.
 async fn open_tx(pool: &PgPool) -> Transaction<'static, Postgres> {
     pool.begin().await.expect("begin a producer transaction")
@@ -280,8 +293,7 @@ async fn concurrent_claims_never_share_an_aggregate() {
 #[tokio::test]
 async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
     let app = spawn_ordered("").await;
-    let [a1, a2, b1] =
-        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "B"]).await).expect("three events");
+    let [a1, a2, b1] = commit(&app, ["A", "A", "B"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     assert!(batch.messages[0].sequence < batch.messages[1].sequence);
@@ -289,8 +301,7 @@ async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
 
     assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
     nothing_claimable(&app, Duration::ZERO, "B's ack frees nothing of A").await;
-    assert_eq!(app.ack(&batch.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &batch.lease_id, &a1).await;
     assert_eq!(
         ids(&next),
         [a2.as_str()],
@@ -302,8 +313,7 @@ async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
 #[tokio::test]
 async fn a_nacked_head_in_backoff_holds_its_aggregate() {
     let app = spawn_ordered("").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     assert_eq!(
@@ -325,16 +335,14 @@ async fn a_nacked_head_in_backoff_holds_its_aggregate() {
         "not before its backoff ran out"
     );
     nothing_claimable(&app, Duration::ZERO, "A's head is leased again").await;
-    assert_eq!(app.ack(&retry.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &retry.lease_id, &a1).await;
     assert_eq!(ids(&next), [a2]);
 }
 
 #[tokio::test]
 async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
     let app = spawn_ordered("").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let crashed = next_batch(&app, "crashy", 10, secs(1)).await;
     assert_eq!(ids(&crashed), [a1.as_str()]);
     nothing_claimable(&app, Duration::ZERO, "A's head is leased").await;
@@ -349,8 +357,7 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
         "the expired lease is fenced"
     );
     nothing_claimable(&app, Duration::ZERO, "A's head is leased again").await;
-    assert_eq!(app.ack(&again.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &again.lease_id, &a1).await;
     assert_eq!(ids(&next), [a2]);
 }
 
@@ -361,7 +368,7 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
 /// (the guard holds back fresh events only), so an empty answer about A is
 /// about A and not about claims in general.
 async fn control(app: &TestApp) -> String {
-    let [b1] = <[String; 1]>::try_from(commit_events(app, &["B"]).await).expect("one event");
+    let [b1] = commit(app, ["B"]).await;
     let batch = next_batch(app, "control", 10, secs(1)).await;
     assert_eq!(ids(&batch), [b1.as_str()]);
     b1
@@ -396,8 +403,7 @@ async fn a_later_event_committed_first_waits_for_the_open_earlier_one() {
     assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
     assert!(first.messages[0].sequence < app_sequence(&app, &a2).await);
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
-    assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-    let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let second = ack_and_claim(&app, &first.lease_id, &a1).await;
     assert_eq!(ids(&second), [a2], "then T2's");
 }
 
@@ -442,8 +448,7 @@ async fn a_later_event_of_the_older_transaction_still_waits_for_the_open_earlier
     let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
-    assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-    let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let second = ack_and_claim(&app, &first.lease_id, &a1).await;
     assert_eq!(ids(&second), [a2], "then T2's");
 }
 
@@ -475,8 +480,7 @@ async fn a_later_event_waits_for_the_open_earlier_one_when_claims_looked_before_
         t1.commit().await.expect("commit T1");
         let first = next_batch(&app, "w", 10, secs(30)).await;
         assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
-        assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-        let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+        let second = ack_and_claim(&app, &first.lease_id, &a1).await;
         assert_eq!(ids(&second), [a2.as_str()], "then T2's");
         assert_eq!(app.ack(&second.lease_id, &[&a2]).await, [OK]);
     }
@@ -535,15 +539,11 @@ async fn holdback(app: &TestApp) -> Option<f64> {
 async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     let app = spawn_ordered(":poison=block").await;
     let mut admin = app.admin().await;
-    let [a1, b1, a2, b2, a3] =
-        <[String; 5]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A"]).await)
-            .expect("five events");
+    let [a1, b1, a2, b2, a3] = commit(&app, ["A", "B", "A", "B", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
-    assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
-
-    let others = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let others = ack_and_claim(&app, &batch.lease_id, &b1).await;
     assert_eq!(ids(&others), [b2.as_str()], "B goes on; A is held");
     assert_eq!(app.ack(&others.lease_id, &[&b2]).await, [OK]);
     nothing_claimable(&app, millis(500), "A is blocked by its dead-lettered head").await;
@@ -581,8 +581,7 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
 async fn discarding_a_blocked_head_lets_the_next_event_go() {
     let app = spawn_ordered("").await;
     let mut admin = app.admin().await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.as_str()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -606,14 +605,13 @@ async fn discarding_a_blocked_head_lets_the_next_event_go() {
 async fn a_head_out_of_attempts_blocks_its_aggregate_under_block() {
     let app = spawn_ordered(":poison=block:max_attempts=2").await;
     let mut admin = app.admin().await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     expire_twice(&app, &a1, &first).await;
     // The claim after the last attempt's lease ran out dead-letters the head
     // and hands out nothing of A; B, committed now, goes.
-    let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
+    let [b1] = commit(&app, ["B"]).await;
     let others = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(ids(&others), [b1.as_str()], "B, and nothing of A");
     assert_eq!(app.ack(&others.lease_id, &[&b1]).await, [OK]);
@@ -652,8 +650,7 @@ async fn expire_twice(app: &TestApp, a1: &str, first: &ClaimBatchResponse) {
 async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     let app = spawn_ordered(":poison=park").await;
     let mut admin = app.admin().await;
-    let [a1, a2, a3] =
-        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "A"]).await).expect("three events");
+    let [a1, a2, a3] = commit(&app, ["A", "A", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.as_str()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -681,16 +678,14 @@ async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     assert_eq!(ids(&redriven), [a1.as_str()]);
     assert_eq!(redriven.messages[0].attempt, 1);
     nothing_claimable(&app, Duration::ZERO, "A's redriven event is leased").await;
-    assert_eq!(app.ack(&redriven.lease_id, &[&a1]).await, [OK]);
-    let last = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let last = ack_and_claim(&app, &redriven.lease_id, &a1).await;
     assert_eq!(ids(&last), [a3]);
 }
 
 #[tokio::test]
 async fn a_head_out_of_attempts_is_parked_under_park() {
     let app = spawn_ordered(":poison=park:max_attempts=2").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     expire_twice(&app, &a1, &first).await;
@@ -709,9 +704,7 @@ async fn a_head_out_of_attempts_is_parked_under_park() {
 #[tokio::test]
 async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     let mut app = spawn_ordered("").await;
-    let [a1, b1, a2, b2, a3, c1, c2] =
-        <[String; 7]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A", "C", "C"]).await)
-            .expect("seven events");
+    let [a1, b1, a2, b2, a3, c1, c2] = commit(&app, ["A", "B", "A", "B", "A", "C", "C"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone(), c1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -737,8 +730,7 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     );
     nothing_claimable(&app, millis(500), "A blocked, B and C leased").await;
     assert_eq!(app.stats().await.blocked_keys, 1);
-    assert_eq!(app.ack(&batch.lease_id, &[&c1]).await, [OK]);
-    let c = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let c = ack_and_claim(&app, &batch.lease_id, &c1).await;
     assert_eq!(ids(&c), [c2]);
 
     assert_eq!(redrive_aggregate(&mut admin, "A").await, 1);
