@@ -1125,6 +1125,14 @@ async fn app_with_dead_letters() -> (TestApp, Vec<String>, String) {
     (app, dead, before)
 }
 
+/// `ids` and a thousand more: over the limit of ids in one request.
+fn too_many(ids: &[String]) -> Vec<String> {
+    ids.iter()
+        .cloned()
+        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
+        .collect()
+}
+
 fn too_long() -> [String; 2] {
     // Bytes, not characters: 513 two-byte characters are 1026 bytes.
     ["x".repeat(1025), "é".repeat(513)]
@@ -1194,11 +1202,7 @@ async fn malformed_redrive_requests_are_refused_and_change_nothing() {
             .await,
         &["message_ids[1]"],
     );
-    let too_many: Vec<String> = dead
-        .iter()
-        .cloned()
-        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
-        .collect();
+    let too_many = too_many(&dead);
     assert_invalid(
         app.try_redrive(redrive_ids("", &too_many)).await,
         &["message_ids"],
@@ -1225,11 +1229,7 @@ async fn malformed_discard_requests_are_refused_and_change_nothing() {
         app.try_discard("", &[dead[0].as_str(), "nope"]).await,
         &["message_ids[1]"],
     );
-    let too_many: Vec<String> = dead
-        .iter()
-        .cloned()
-        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
-        .collect();
+    let too_many = too_many(&dead);
     assert_invalid(app.try_discard("", &too_many).await, &["message_ids"]);
 
     assert_eq!(
