@@ -16,14 +16,14 @@ use outboxd::grpc::pb::{
 };
 use serde_json::{Value, json};
 use sqlx::AssertSqlSafe;
-use tonic::{Code, Status};
+use tonic::Status;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_types::StatusExt;
 use uuid::Uuid;
 
 use crate::support::{
-    DEAD_LETTERED, OK, ServerArgs, TestApp, TestDb, claim_request, dur, ids as batch_ids, millis,
-    seconds, secs, strings, time, wait_until, within,
+    DEAD_LETTERED, OK, ServerArgs, TestApp, TestDb, assert_invalid, assert_not_found,
+    claim_request, dur, gauge, ids as batch_ids, millis, seconds, secs, strings, time, wait_until,
+    within,
 };
 
 /// An ordered outbox under the default poison policy (block).
@@ -279,43 +279,55 @@ fn blocked(page: &ListBlockedKeysResponse) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// Pages through ListDeadLetters from the first page: each page's ids and the
-/// token it ended with. Fails on a chain that does not end.
+/// Pages through a list from the page `first_token` names: each page's items
+/// and the token it ended with. Fails on a chain that does not end.
+async fn pages<T: Debug>(
+    first_token: String,
+    mut page: impl AsyncFnMut(String) -> (Vec<T>, String),
+) -> Vec<(Vec<T>, String)> {
+    let mut pages = Vec::new();
+    let mut token = first_token;
+    loop {
+        let (items, next) = page(token).await;
+        pages.push((items, next.clone()));
+        if next.is_empty() {
+            return pages;
+        }
+        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
+        token = next;
+    }
+}
+
+/// Pages through ListDeadLetters from the first page, like [`pages`].
 async fn dead_letter_pages(
     app: &TestApp,
     first: ListDeadLettersRequest,
 ) -> Vec<(Vec<String>, String)> {
-    let mut pages = Vec::new();
-    let mut req = first;
-    loop {
-        let page = app.list_dead_letters(req.clone()).await;
-        let token = page.next_page_token.clone();
-        pages.push((listed(&page), token.clone()));
-        if token.is_empty() {
-            return pages;
-        }
-        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
-        req.page_token = token;
-    }
+    pages(first.page_token.clone(), async |page_token| {
+        let req = ListDeadLettersRequest {
+            page_token,
+            ..first.clone()
+        };
+        let page = app.list_dead_letters(req).await;
+        (listed(&page), page.next_page_token)
+    })
+    .await
 }
 
-/// Pages through ListBlockedKeys from the first page, like [`dead_letter_pages`].
+/// Pages through ListBlockedKeys from the first page, like [`pages`].
 async fn blocked_key_pages(
     app: &TestApp,
     first: ListBlockedKeysRequest,
 ) -> Vec<(Vec<(String, String, u64)>, String)> {
-    let mut pages = Vec::new();
-    let mut req = first;
-    loop {
-        let page = app.list_blocked_keys(req.clone()).await;
-        let token = page.next_page_token.clone();
-        pages.push((blocked(&page), token.clone()));
-        if token.is_empty() {
-            return pages;
-        }
-        assert!(pages.len() < 50, "the page tokens never end: {pages:?}");
-        req.page_token = token;
-    }
+    pages(first.page_token.clone(), async |page_token| {
+        let req = ListBlockedKeysRequest {
+            page_token,
+            ..first.clone()
+        };
+        let page = app.list_blocked_keys(req).await;
+        (blocked(&page), page.next_page_token)
+    })
+    .await
 }
 
 /// Checks a chain of pages: tokens that differ, each page no larger than
@@ -340,45 +352,6 @@ fn assert_paged<T: Debug + PartialEq + Clone>(
     assert!(last.0.len() <= page_size, "the last page is not oversized");
     let all: Vec<T> = pages.iter().flat_map(|(items, _)| items.clone()).collect();
     assert_eq!(all, expected, "every item once, in order, over {pages:?}");
-}
-
-#[track_caller]
-fn assert_invalid<T: Debug>(result: Result<T, Status>, fields: &[&str]) {
-    let status = match result {
-        Ok(answer) => panic!("a bad {fields:?} was accepted: {answer:?}"),
-        Err(status) => status,
-    };
-    assert_eq!(
-        status.code(),
-        Code::InvalidArgument,
-        "bad {fields:?}: {status:?}"
-    );
-    let details = status.get_details_bad_request().unwrap_or_else(|| {
-        panic!("bad {fields:?}: no google.rpc.BadRequest details in {status:?}")
-    });
-    let listed: Vec<&str> = details
-        .field_violations
-        .iter()
-        .map(|v| v.field.as_str())
-        .collect();
-    for field in fields {
-        assert!(
-            status.message().contains(field),
-            "the message names {field}: {:?}",
-            status.message()
-        );
-        assert!(
-            listed.contains(field),
-            "BadRequest lists {field}: {listed:?}"
-        );
-    }
-    assert!(
-        details
-            .field_violations
-            .iter()
-            .all(|v| !v.description.is_empty()),
-        "each violation says why"
-    );
 }
 
 // ---- ListDeadLetters ----
@@ -1152,6 +1125,14 @@ async fn app_with_dead_letters() -> (TestApp, Vec<String>, String) {
     (app, dead, before)
 }
 
+/// `ids` and a thousand more: over the limit of ids in one request.
+fn too_many(ids: &[String]) -> Vec<String> {
+    ids.iter()
+        .cloned()
+        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
+        .collect()
+}
+
 fn too_long() -> [String; 2] {
     // Bytes, not characters: 513 two-byte characters are 1026 bytes.
     ["x".repeat(1025), "é".repeat(513)]
@@ -1221,11 +1202,7 @@ async fn malformed_redrive_requests_are_refused_and_change_nothing() {
             .await,
         &["message_ids[1]"],
     );
-    let too_many: Vec<String> = dead
-        .iter()
-        .cloned()
-        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
-        .collect();
+    let too_many = too_many(&dead);
     assert_invalid(
         app.try_redrive(redrive_ids("", &too_many)).await,
         &["message_ids"],
@@ -1252,11 +1229,7 @@ async fn malformed_discard_requests_are_refused_and_change_nothing() {
         app.try_discard("", &[dead[0].as_str(), "nope"]).await,
         &["message_ids[1]"],
     );
-    let too_many: Vec<String> = dead
-        .iter()
-        .cloned()
-        .chain((0..1000).map(|_| Uuid::new_v4().to_string()))
-        .collect();
+    let too_many = too_many(&dead);
     assert_invalid(app.try_discard("", &too_many).await, &["message_ids"]);
 
     assert_eq!(
@@ -1343,28 +1316,14 @@ async fn malformed_list_requests_are_refused_and_change_nothing() {
     assert_eq!(app.snapshot("outbox").await, before);
 }
 
-#[track_caller]
-fn not_found<T: Debug>(result: Result<T, Status>, rpc: &str) {
-    let status = match result {
-        Ok(answer) => panic!("{rpc} on an unknown outbox answered {answer:?}"),
-        Err(status) => status,
-    };
-    assert_eq!(status.code(), Code::NotFound, "{rpc}: {status:?}");
-    assert!(
-        status.message().contains("nope"),
-        "{rpc} names the outbox: {:?}",
-        status.message()
-    );
-}
-
 #[tokio::test]
 async fn an_unknown_outbox_is_not_found_for_every_admin_rpc() {
     let (app, dead, before) = app_with_dead_letters().await;
-    not_found(
+    assert_not_found(
         app.try_list_dead_letters(dead_letters("nope")).await,
         "ListDeadLetters",
     );
-    not_found(
+    assert_not_found(
         app.try_list_blocked_keys(blocked_keys("nope")).await,
         "ListBlockedKeys",
     );
@@ -1373,9 +1332,9 @@ async fn an_unknown_outbox_is_not_found_for_every_admin_rpc() {
         redrive_aggregate("nope", "agg-0"),
         redrive_all("nope"),
     ] {
-        not_found(app.try_redrive(req).await, "Redrive");
+        assert_not_found(app.try_redrive(req).await, "Redrive");
     }
-    not_found(app.try_discard("nope", &dead).await, "Discard");
+    assert_not_found(app.try_discard("nope", &dead).await, "Discard");
     assert_eq!(app.snapshot("outbox").await, before);
 }
 
@@ -1436,33 +1395,6 @@ async fn stats_count_blocked_keys_and_the_age_of_the_oldest() {
     assert_eq!(blocked_age(&stats), 0.0);
 }
 
-/// Scrapes `/metrics` with a bare HTTP/1.0 request.
-async fn scrape(app: &TestApp) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr)
-        .await
-        .expect("metrics endpoint");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
-        .await
-        .expect("send scrape");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("read scrape");
-    assert!(
-        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
-        "{body}"
-    );
-    body
-}
-
-/// The value of the series `name{outbox="<outbox>"}`, if it is exposed.
-fn gauge(body: &str, name: &str, outbox: &str) -> Option<f64> {
-    let label = format!("outbox=\"{outbox}\"");
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
-        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-}
-
 async fn gauge_reaches(
     app: &TestApp,
     name: &str,
@@ -1471,7 +1403,7 @@ async fn gauge_reaches(
     check: impl Fn(f64) -> bool,
 ) {
     wait_until(secs(10), what, async || {
-        gauge(&scrape(app).await, name, outbox).is_some_and(&check)
+        gauge(&app.scrape().await, name, outbox).is_some_and(&check)
     })
     .await;
 }
@@ -1507,7 +1439,7 @@ async fn blocked_keys_and_their_age_are_gauges_per_outbox() {
     )
     .await;
 
-    let body = scrape(&app).await;
+    let body = app.scrape().await;
     for name in GAUGES {
         assert!(
             body.contains(&format!("# TYPE {name} gauge")),
@@ -1569,7 +1501,7 @@ async fn a_long_open_writer_shows_as_commit_order_holdback() {
     );
     assert_eq!(
         gauge(
-            &scrape(&app).await,
+            &app.scrape().await,
             "outbox_commit_order_holdback_seconds",
             "default"
         ),

@@ -1,7 +1,6 @@
 //! Traces reach an in-process OTLP collector; metrics move on `/metrics`.
 
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Request;
 use uuid::Uuid;
 
@@ -102,24 +101,6 @@ async fn the_server_span_continues_the_callers_trace() {
     assert_eq!(span.attributes["batch_size"], "1");
 }
 
-/// Scrapes `/metrics` with a bare HTTP/1.0 request.
-async fn scrape(app: &TestApp) -> String {
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr)
-        .await
-        .expect("metrics endpoint");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
-        .await
-        .expect("send scrape");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("read scrape");
-    assert!(
-        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
-        "{body}"
-    );
-    body
-}
-
 /// The value of `name{outbox="default"...}`, summed over other labels; 0 if absent.
 fn value(body: &str, name: &str) -> f64 {
     body.lines()
@@ -132,7 +113,7 @@ fn value(body: &str, name: &str) -> f64 {
 
 async fn metric_reaches(app: &TestApp, name: &str, what: &str, check: impl Fn(f64) -> bool) {
     wait_until(secs(10), what, async || {
-        check(value(&scrape(app).await, name))
+        check(value(&app.scrape().await, name))
     })
     .await;
 }
@@ -155,7 +136,7 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
     )
     .await;
 
-    let empty_before = value(&scrape(&app).await, "outbox_empty_claims_total");
+    let empty_before = value(&app.scrape().await, "outbox_empty_claims_total");
     let batch = app.claim("w-metrics", 10, secs(30), secs(0)).await;
     assert_eq!(batch.messages.len(), 1);
     metric_reaches(&app, "outbox_messages_claimed_total", "claimed 1", |v| {
@@ -233,7 +214,7 @@ async fn metrics_move_through_claim_nack_expiry_and_ack() {
     )
     .await;
 
-    let body = scrape(&app).await;
+    let body = app.scrape().await;
     assert!(
         value(&body, "outbox_rpc_duration_seconds_count") >= 6.0,
         "RPC durations recorded"

@@ -4,7 +4,7 @@
 //! `poison=block` and is stepped over under `poison=park`; leases, backoff,
 //! expiries and restarts keep all of it. `ordering=none` is unchanged.
 
-use std::{collections::HashSet, process::Output, time::Duration};
+use std::{collections::HashSet, time::Duration};
 
 use outboxd::grpc::pb::{
     ClaimBatchResponse, DiscardRequest, ListBlockedKeysRequest, NackRequest, RedriveRequest,
@@ -12,19 +12,12 @@ use outboxd::grpc::pb::{
 };
 use serde_json::json;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    process::Command,
-};
 use tonic::transport::Channel;
 use uuid::Uuid;
 
-use crate::{
-    shared::bins,
-    support::{
-        DEAD_LETTERED, LEASE_LOST, OK, TestApp, claim_request, ids, millis, secs, wait_until,
-        within,
-    },
+use crate::support::{
+    DEAD_LETTERED, LEASE_LOST, OK, TestApp, claim_request, gauge, ids, millis, run_outboxd, said,
+    secs, wait_until, within,
 };
 
 type Admin = OutboxAdminClient<Channel>;
@@ -53,15 +46,9 @@ async fn spawn_ordered(options: &str) -> TestApp {
 
 async fn first_gauge_sample(app: &TestApp) {
     wait_until(EXPECTED_WITHIN, "the first gauge sample", async || {
-        !gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds").is_nan()
+        holdback(app).await.is_some()
     })
     .await;
-}
-
-async fn admin(app: &TestApp) -> Admin {
-    OutboxAdminClient::connect(format!("http://{}", app.addr))
-        .await
-        .expect("connect an OutboxAdmin client")
 }
 
 /// One event of `aggregate` into `public.outbox` on `conn`, in whatever
@@ -91,6 +78,19 @@ async fn commit_events(app: &TestApp, aggregates: &[&str]) -> Vec<String> {
         ids.push(id.to_string());
     }
     ids
+}
+
+/// Commits one event per entry of `aggregates`, as [`commit_events`]; their
+/// ids, one per aggregate named.
+async fn commit<const N: usize>(app: &TestApp, aggregates: [&str; N]) -> [String; N] {
+    <[String; N]>::try_from(commit_events(app, &aggregates).await).expect("one id per event")
+}
+
+/// Acks `id` under `lease`, which must succeed, then claims at once (no
+/// wait) what that ack let go.
+async fn ack_and_claim(app: &TestApp, lease: &str, id: &str) -> ClaimBatchResponse {
+    assert_eq!(app.ack(lease, &[id]).await, [OK]);
+    app.claim("w", 10, secs(30), Duration::ZERO).await
 }
 
 /// A producer transaction left open until the test commits or rolls it back.
@@ -293,8 +293,7 @@ async fn concurrent_claims_never_share_an_aggregate() {
 #[tokio::test]
 async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
     let app = spawn_ordered("").await;
-    let [a1, a2, b1] =
-        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "B"]).await).expect("three events");
+    let [a1, a2, b1] = commit(&app, ["A", "A", "B"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     assert!(batch.messages[0].sequence < batch.messages[1].sequence);
@@ -302,8 +301,7 @@ async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
 
     assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
     nothing_claimable(&app, Duration::ZERO, "B's ack frees nothing of A").await;
-    assert_eq!(app.ack(&batch.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &batch.lease_id, &a1).await;
     assert_eq!(
         ids(&next),
         [a2.as_str()],
@@ -315,8 +313,7 @@ async fn the_next_event_waits_for_the_ack_of_the_leased_head() {
 #[tokio::test]
 async fn a_nacked_head_in_backoff_holds_its_aggregate() {
     let app = spawn_ordered("").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     assert_eq!(
@@ -338,16 +335,14 @@ async fn a_nacked_head_in_backoff_holds_its_aggregate() {
         "not before its backoff ran out"
     );
     nothing_claimable(&app, Duration::ZERO, "A's head is leased again").await;
-    assert_eq!(app.ack(&retry.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &retry.lease_id, &a1).await;
     assert_eq!(ids(&next), [a2]);
 }
 
 #[tokio::test]
 async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
     let app = spawn_ordered("").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let crashed = next_batch(&app, "crashy", 10, secs(1)).await;
     assert_eq!(ids(&crashed), [a1.as_str()]);
     nothing_claimable(&app, Duration::ZERO, "A's head is leased").await;
@@ -362,8 +357,7 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
         "the expired lease is fenced"
     );
     nothing_claimable(&app, Duration::ZERO, "A's head is leased again").await;
-    assert_eq!(app.ack(&again.lease_id, &[&a1]).await, [OK]);
-    let next = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let next = ack_and_claim(&app, &again.lease_id, &a1).await;
     assert_eq!(ids(&next), [a2]);
 }
 
@@ -374,7 +368,7 @@ async fn an_expired_lease_hands_the_head_out_again_before_the_next_event() {
 /// (the guard holds back fresh events only), so an empty answer about A is
 /// about A and not about claims in general.
 async fn control(app: &TestApp) -> String {
-    let [b1] = <[String; 1]>::try_from(commit_events(app, &["B"]).await).expect("one event");
+    let [b1] = commit(app, ["B"]).await;
     let batch = next_batch(app, "control", 10, secs(1)).await;
     assert_eq!(ids(&batch), [b1.as_str()]);
     b1
@@ -409,8 +403,7 @@ async fn a_later_event_committed_first_waits_for_the_open_earlier_one() {
     assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
     assert!(first.messages[0].sequence < app_sequence(&app, &a2).await);
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
-    assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-    let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let second = ack_and_claim(&app, &first.lease_id, &a1).await;
     assert_eq!(ids(&second), [a2], "then T2's");
 }
 
@@ -455,8 +448,7 @@ async fn a_later_event_of_the_older_transaction_still_waits_for_the_open_earlier
     let first = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
     nothing_claimable(&app, Duration::ZERO, "T1's event is leased").await;
-    assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-    let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let second = ack_and_claim(&app, &first.lease_id, &a1).await;
     assert_eq!(ids(&second), [a2], "then T2's");
 }
 
@@ -488,8 +480,7 @@ async fn a_later_event_waits_for_the_open_earlier_one_when_claims_looked_before_
         t1.commit().await.expect("commit T1");
         let first = next_batch(&app, "w", 10, secs(30)).await;
         assert_eq!(ids(&first), [a1.as_str()], "T1's event comes first");
-        assert_eq!(app.ack(&first.lease_id, &[&a1]).await, [OK]);
-        let second = app.claim("w", 10, secs(30), Duration::ZERO).await;
+        let second = ack_and_claim(&app, &first.lease_id, &a1).await;
         assert_eq!(ids(&second), [a2.as_str()], "then T2's");
         assert_eq!(app.ack(&second.lease_id, &[&a2]).await, [OK]);
     }
@@ -508,7 +499,7 @@ async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     wait_until(
         EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds reaches 1 s while T1 is open",
-        async || holdback(&app).await >= 1.0,
+        async || holdback(&app).await.is_some_and(|v| v >= 1.0),
     )
     .await;
     nothing_claimable(&app, Duration::ZERO, "T1 is still open").await;
@@ -518,7 +509,7 @@ async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     wait_until(
         EXPECTED_WITHIN,
         "outbox_commit_order_holdback_seconds is back to 0",
-        async || holdback(&app).await == 0.0,
+        async || holdback(&app).await == Some(0.0),
     )
     .await;
 }
@@ -532,33 +523,14 @@ async fn app_sequence(app: &TestApp, id: &str) -> i64 {
         .expect("read a row's sequence")
 }
 
-/// `outbox_commit_order_holdback_seconds{outbox="default"}` now.
-async fn holdback(app: &TestApp) -> f64 {
-    gauge(&scrape(app).await, "outbox_commit_order_holdback_seconds")
-}
-
-/// Scrapes `/metrics` with a bare HTTP/1.0 request.
-async fn scrape(app: &TestApp) -> String {
-    let mut stream = tokio::net::TcpStream::connect(app.metrics_addr)
-        .await
-        .expect("metrics endpoint");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
-        .await
-        .expect("send scrape");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("read scrape");
-    body
-}
-
-/// The value of gauge `name{outbox="default"}`; NaN when it is not there
-/// (before the first sample).
-fn gauge(body: &str, name: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| l.contains("outbox=\"default\""))
-        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
+/// `outbox_commit_order_holdback_seconds{outbox="default"}` now; `None`
+/// before the first sample.
+async fn holdback(app: &TestApp) -> Option<f64> {
+    gauge(
+        &app.scrape().await,
+        "outbox_commit_order_holdback_seconds",
+        "default",
+    )
 }
 
 // ---- poison=block ----
@@ -566,16 +538,12 @@ fn gauge(body: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     let app = spawn_ordered(":poison=block").await;
-    let mut admin = admin(&app).await;
-    let [a1, b1, a2, b2, a3] =
-        <[String; 5]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A"]).await)
-            .expect("five events");
+    let mut admin = app.admin().await;
+    let [a1, b1, a2, b2, a3] = commit(&app, ["A", "B", "A", "B", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
-    assert_eq!(app.ack(&batch.lease_id, &[&b1]).await, [OK]);
-
-    let others = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let others = ack_and_claim(&app, &batch.lease_id, &b1).await;
     assert_eq!(ids(&others), [b2.as_str()], "B goes on; A is held");
     assert_eq!(app.ack(&others.lease_id, &[&b2]).await, [OK]);
     nothing_claimable(&app, millis(500), "A is blocked by its dead-lettered head").await;
@@ -612,9 +580,8 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
 #[tokio::test]
 async fn discarding_a_blocked_head_lets_the_next_event_go() {
     let app = spawn_ordered("").await;
-    let mut admin = admin(&app).await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let mut admin = app.admin().await;
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.as_str()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -637,15 +604,14 @@ async fn discarding_a_blocked_head_lets_the_next_event_go() {
 #[tokio::test]
 async fn a_head_out_of_attempts_blocks_its_aggregate_under_block() {
     let app = spawn_ordered(":poison=block:max_attempts=2").await;
-    let mut admin = admin(&app).await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let mut admin = app.admin().await;
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     expire_twice(&app, &a1, &first).await;
     // The claim after the last attempt's lease ran out dead-letters the head
     // and hands out nothing of A; B, committed now, goes.
-    let [b1] = <[String; 1]>::try_from(commit_events(&app, &["B"]).await).expect("one event");
+    let [b1] = commit(&app, ["B"]).await;
     let others = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(ids(&others), [b1.as_str()], "B, and nothing of A");
     assert_eq!(app.ack(&others.lease_id, &[&b1]).await, [OK]);
@@ -683,9 +649,8 @@ async fn expire_twice(app: &TestApp, a1: &str, first: &ClaimBatchResponse) {
 #[tokio::test]
 async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     let app = spawn_ordered(":poison=park").await;
-    let mut admin = admin(&app).await;
-    let [a1, a2, a3] =
-        <[String; 3]>::try_from(commit_events(&app, &["A", "A", "A"]).await).expect("three events");
+    let mut admin = app.admin().await;
+    let [a1, a2, a3] = commit(&app, ["A", "A", "A"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.as_str()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -713,16 +678,14 @@ async fn a_dead_lettered_head_is_parked_and_its_aggregate_goes_on() {
     assert_eq!(ids(&redriven), [a1.as_str()]);
     assert_eq!(redriven.messages[0].attempt, 1);
     nothing_claimable(&app, Duration::ZERO, "A's redriven event is leased").await;
-    assert_eq!(app.ack(&redriven.lease_id, &[&a1]).await, [OK]);
-    let last = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let last = ack_and_claim(&app, &redriven.lease_id, &a1).await;
     assert_eq!(ids(&last), [a3]);
 }
 
 #[tokio::test]
 async fn a_head_out_of_attempts_is_parked_under_park() {
     let app = spawn_ordered(":poison=park:max_attempts=2").await;
-    let [a1, a2] =
-        <[String; 2]>::try_from(commit_events(&app, &["A", "A"]).await).expect("two events");
+    let [a1, a2] = commit(&app, ["A", "A"]).await;
     let first = next_batch(&app, "crashy", 1, secs(1)).await;
     assert_eq!(ids(&first), [a1.as_str()]);
     expire_twice(&app, &a1, &first).await;
@@ -741,9 +704,7 @@ async fn a_head_out_of_attempts_is_parked_under_park() {
 #[tokio::test]
 async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     let mut app = spawn_ordered("").await;
-    let [a1, b1, a2, b2, a3, c1, c2] =
-        <[String; 7]>::try_from(commit_events(&app, &["A", "B", "A", "B", "A", "C", "C"]).await)
-            .expect("seven events");
+    let [a1, b1, a2, b2, a3, c1, c2] = commit(&app, ["A", "B", "A", "B", "A", "C", "C"]).await;
     let batch = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&batch), [a1.clone(), b1.clone(), c1.clone()]);
     dead_letter(&app, &batch.lease_id, &a1).await;
@@ -760,7 +721,7 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     .await
     .expect("the second server starts");
     first_gauge_sample(&app).await;
-    let mut admin = admin(&app).await;
+    let mut admin = app.admin().await;
     let after = next_batch(&app, "w", 100, secs(30)).await;
     assert_eq!(
         ids(&after),
@@ -769,8 +730,7 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
     );
     nothing_claimable(&app, millis(500), "A blocked, B and C leased").await;
     assert_eq!(app.stats().await.blocked_keys, 1);
-    assert_eq!(app.ack(&batch.lease_id, &[&c1]).await, [OK]);
-    let c = app.claim("w", 10, secs(30), Duration::ZERO).await;
+    let c = ack_and_claim(&app, &batch.lease_id, &c1).await;
     assert_eq!(ids(&c), [c2]);
 
     assert_eq!(redrive_aggregate(&mut admin, "A").await, 1);
@@ -786,25 +746,6 @@ async fn a_restart_keeps_a_blocked_aggregate_blocked_and_the_order() {
 }
 
 // ---- configuration ----
-
-/// Runs the real binary to completion (bounded) with `args`, the caller's
-/// `OUTBOXD_*` and `DATABASE_URL` removed, plus `env`.
-async fn outboxd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(bins::outboxd());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
-            command.env_remove(key);
-        }
-    }
-    command
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
-        .kill_on_drop(true);
-    within(secs(60), "outboxd exits by itself", command.output())
-        .await
-        .expect("run outboxd")
-}
 
 #[tokio::test]
 async fn bad_ordering_options_exit_64_and_say_why() {
@@ -836,12 +777,8 @@ async fn bad_ordering_options_exit_64_and_say_why() {
                 vec![("OUTBOXD_OUTBOXES", bad)],
             ),
         ] {
-            let output = outboxd(&args, &env).await;
-            let said = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let output = run_outboxd(&args, &env).await;
+            let said = said(&output);
             assert_eq!(output.status.code(), Some(64), "{bad} ({env:?}):\n{said}");
             assert!(said.contains(why), "{bad}: says {why:?}:\n{said}");
         }

@@ -4,27 +4,12 @@
 use std::time::{Duration, Instant};
 
 use outboxd::grpc::pb::{AckRequest, ExtendLeaseRequest, GetStatsRequest, NackRequest};
-use tonic::{Code, Status};
 use uuid::Uuid;
 
 use crate::support::{
-    NOT_FOUND, OK, TestApp, claim_request, dur, ids, millis, outcomes, secs, strings, wait_until,
-    within,
+    NOT_FOUND, OK, TestApp, assert_not_found, claim_request, dur, ids, millis, outcomes, secs,
+    strings, wait_until, within,
 };
-
-#[track_caller]
-fn assert_not_found<T: std::fmt::Debug>(result: Result<T, Status>, rpc: &str) {
-    let status = match result {
-        Ok(answer) => panic!("{rpc} on an unknown outbox answered {answer:?}"),
-        Err(status) => status,
-    };
-    assert_eq!(status.code(), Code::NotFound, "{rpc}: {status:?}");
-    assert!(
-        status.message().contains("nope"),
-        "{rpc} names the outbox: {:?}",
-        status.message()
-    );
-}
 
 #[tokio::test]
 async fn an_unknown_outbox_is_not_found_for_every_rpc() {

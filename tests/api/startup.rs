@@ -10,38 +10,8 @@ use url::Url;
 
 use crate::{
     shared::{bins, net::free_port},
-    support::{TestApp, TestDb, secs, wait_until, within},
+    support::{TestApp, TestDb, run_outboxd, said, secs, wait_until, within},
 };
-
-/// Runs the real binary to completion (bounded) with the given arguments and
-/// extra environment; `OUTBOXD_*` and `DATABASE_URL` from the caller's
-/// environment are removed so only the test's settings apply.
-async fn outboxd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(bins::outboxd());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
-            command.env_remove(key);
-        }
-    }
-    command
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
-        .kill_on_drop(true);
-    within(secs(60), "outboxd exits by itself", command.output())
-        .await
-        .expect("run outboxd")
-}
-
-/// The log and error output together: start-up failures are logged (stdout),
-/// configuration errors printed before logging starts (stderr).
-fn said(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 #[track_caller]
 fn assert_exit(output: &Output, code: i32, says: &[&str]) {
@@ -81,7 +51,7 @@ async fn a_database_that_does_not_exist_exits_69_and_says_to_create_it() {
     serve.extend(LOCAL);
     let migrate = vec!["migrate", "--database-url", url.as_str()];
     for args in [serve, migrate] {
-        let output = outboxd(&args, &[]).await;
+        let output = run_outboxd(&args, &[]).await;
         assert_exit(
             &output,
             69,
@@ -101,7 +71,7 @@ async fn a_role_that_does_not_exist_exits_69_and_says_what_to_check() {
     let url = with_user(&db.url(), "outboxd_no_such_role");
     let mut args = vec!["--database-url", &url];
     args.extend(LOCAL);
-    let output = outboxd(&args, &[]).await;
+    let output = run_outboxd(&args, &[]).await;
     assert_exit(
         &output,
         69,
@@ -127,7 +97,7 @@ async fn a_role_without_the_privilege_to_migrate_exits_69_and_says_what_to_do() 
     let url = with_user(&db.url(), &role);
     let mut args = vec!["--database-url", &url];
     args.extend(LOCAL);
-    let output = outboxd(&args, &[]).await;
+    let output = run_outboxd(&args, &[]).await;
     // The role is the cluster's, not the database's: gone before asserting.
     db.execute(&format!("DROP ROLE \"{role}\"")).await;
     assert_exit(&output, 69, &[&db.name, &role, "42501", "--no-migrate"]);
@@ -144,7 +114,7 @@ async fn a_missing_schema_it_may_not_create_exits_69() {
         "orders=no_such_schema.outbox",
     ];
     args.extend(LOCAL);
-    let output = outboxd(&args, &[]).await;
+    let output = run_outboxd(&args, &[]).await;
     assert_exit(
         &output,
         69,
@@ -158,7 +128,7 @@ async fn a_missing_table_under_no_migrate_exits_69_and_says_to_migrate() {
     let url = db.url();
     let mut args = vec!["--database-url", &url, "--no-migrate"];
     args.extend(LOCAL);
-    let output = outboxd(&args, &[]).await;
+    let output = run_outboxd(&args, &[]).await;
     assert_exit(&output, 69, &[&db.name, "public.outbox", "outboxd migrate"]);
 }
 
@@ -166,7 +136,7 @@ async fn a_missing_table_under_no_migrate_exits_69_and_says_to_migrate() {
 async fn migrate_gives_up_on_an_unreachable_database_and_says_why() {
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
     let started = std::time::Instant::now();
-    let output = outboxd(
+    let output = run_outboxd(
         &[
             "migrate",
             "--database-url",
@@ -193,7 +163,7 @@ async fn the_server_names_the_cause_while_the_database_is_unreachable() {
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
     let mut args = vec!["--database-url", &url, "--db-start-timeout", "2s"];
     args.extend(LOCAL);
-    let output = outboxd(&args, &[]).await;
+    let output = run_outboxd(&args, &[]).await;
     assert_exit(&output, 69, &["connection refused", "retrying"]);
     assert!(
         !said(&output).contains("pool timed out"),
@@ -208,7 +178,7 @@ async fn a_port_in_use_exits_64_before_the_database_is_touched() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("take a port");
     let port = taken.local_addr().expect("addr").to_string();
     let url = db.url();
-    let output = outboxd(
+    let output = run_outboxd(
         &[
             "--database-url",
             &url,
@@ -222,7 +192,7 @@ async fn a_port_in_use_exits_64_before_the_database_is_touched() {
     .await;
     assert_exit(&output, 64, &["--listen", &port, "already in use"]);
     // Through the environment, for the metrics port.
-    let output = outboxd(
+    let output = run_outboxd(
         &["--database-url", &url, "--listen", "127.0.0.1:0"],
         &[("OUTBOXD_METRICS_LISTEN", &port)],
     )
@@ -236,20 +206,20 @@ async fn a_port_in_use_exits_64_before_the_database_is_touched() {
 
 #[tokio::test]
 async fn a_bad_environment_value_names_the_variable() {
-    let output = outboxd(
+    let output = run_outboxd(
         &["--database-url", "postgres://u@h/d"],
         &[("OUTBOXD_MAX_BATCH", "0")],
     )
     .await;
     assert_exit(&output, 64, &["OUTBOXD_MAX_BATCH", "at least 1"]);
-    let output = outboxd(
+    let output = run_outboxd(
         &["--database-url", "postgres://u@h/d"],
         &[("OUTBOXD_POLL_INTERVAL", "soon")],
     )
     .await;
     assert_exit(&output, 64, &["OUTBOXD_POLL_INTERVAL", "soon"]);
     // The same mistake as a flag names the flag alone.
-    let output = outboxd(
+    let output = run_outboxd(
         &["--database-url", "postgres://u@h/d", "--max-batch", "0"],
         &[],
     )
@@ -284,7 +254,7 @@ async fn bad_outbox_args_exit_64_and_say_why() {
             r#"retention: invalid duration "forever""#,
         ),
     ] {
-        let output = outboxd(
+        let output = run_outboxd(
             &["--database-url", "postgres://u@h/d", "--outbox", bad],
             &[],
         )

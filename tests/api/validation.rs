@@ -4,47 +4,15 @@
 use std::{fmt::Debug, time::Duration};
 
 use outboxd::grpc::pb::{AckRequest, ClaimBatchRequest, ExtendLeaseRequest, LeaseAck, NackRequest};
-use tonic::{Code, Status};
+use tonic::Status;
 use tonic_types::StatusExt;
 use uuid::Uuid;
 
-use crate::support::{TestApp, claim_request, dur, ids, millis, secs, wire};
+use crate::support::{self, TestApp, claim_request, dur, ids, millis, secs, wire};
 
 #[track_caller]
 fn assert_invalid<T: Debug>(result: Result<T, Status>, field: &str) {
-    let status = match result {
-        Ok(answer) => panic!("a bad {field} was accepted: {answer:?}"),
-        Err(status) => status,
-    };
-    assert_eq!(
-        status.code(),
-        Code::InvalidArgument,
-        "bad {field}: {status:?}"
-    );
-    assert!(
-        status.message().contains(field),
-        "the message names {field}: {:?}",
-        status.message()
-    );
-    let details = status
-        .get_details_bad_request()
-        .unwrap_or_else(|| panic!("bad {field}: no google.rpc.BadRequest details in {status:?}"));
-    let fields: Vec<&str> = details
-        .field_violations
-        .iter()
-        .map(|v| v.field.as_str())
-        .collect();
-    assert!(
-        fields.contains(&field),
-        "BadRequest lists {field}: {fields:?}"
-    );
-    assert!(
-        details
-            .field_violations
-            .iter()
-            .all(|v| !v.description.is_empty()),
-        "each violation says why"
-    );
+    support::assert_invalid(result, &[field]);
 }
 
 /// An outbox with claimable rows and one row held under a live lease, so a

@@ -13,29 +13,21 @@ use std::{
     time::Duration,
 };
 
-use chrono::{DateTime, TimeDelta, Utc};
 use lapin::{
     BasicProperties, Connection, ConnectionProperties,
     options::{BasicPublishOptions, ConfirmSelectOptions},
     types::{AMQPValue, FieldTable},
 };
-use outboxd::grpc::pb::{
-    self, AckRequest, ClaimBatchRequest, ClaimBatchResponse, MessageResult, NackRequest,
-    OutboxMessage, outbox_service_client::OutboxServiceClient,
-};
+use outboxd::grpc::pb::{ClaimBatchResponse, OutboxMessage};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use sqlx::PgPool;
-use tokio::{
-    task::JoinHandle,
-    time::{Instant, sleep},
-};
+use tokio::{task::JoinHandle, time::sleep};
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Status, transport::Channel};
 use uuid::Uuid;
 
 use crate::{
-    harness::{Case, Outboxd, Sampler, assess, drained},
-    history::{self, Claim, History, Recorded, Settle, SettleKind},
+    harness::{Case, Conn, LEASE, Outboxd, Sampler, Targets, Workers, assess, drained},
+    history::{self, History, Recorded, SettleKind},
     shared::{
         net::free_port,
         rabbit::{AMQP_URL, Rabbit},
@@ -48,15 +40,6 @@ const AGGREGATES: usize = 300;
 const WORKERS: usize = 4;
 /// The producers' pace: `EVENTS` committed over about this long.
 const SPREAD: Duration = Duration::from_secs(12);
-/// Short, so a batch sat on past it goes to another worker within the case.
-const LEASE: Duration = Duration::from_secs(2);
-const WAIT: Duration = Duration::from_secs(1);
-const BATCH: u32 = 50;
-const CLAIM_DEADLINE: Duration = Duration::from_secs(4);
-const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
-/// How long a worker keeps retrying one settle call before leaving its rows
-/// to lease expiry.
-const SETTLE_PATIENCE: Duration = Duration::from_secs(20);
 /// Far above what the random nacks and expiries add up to: nothing is
 /// dead-lettered, so every event must arrive.
 const OUTBOX: [&str; 2] = [
@@ -73,7 +56,7 @@ async fn four_workers_through_nacks_expiries_and_a_restart_deliver_each_aggregat
     let rabbit = Rabbit::bound("#").await;
     let sampler = Sampler::start(&db.pool, history);
     let tally = Arc::new(Tally::default());
-    let workers = Workers::spawn(&server.url(), &rabbit.exchange, history, &tally).await;
+    let workers = spawn_workers(&server.url(), &rabbit.exchange, history, &tally).await;
     let commits = Commits::default();
     let producers = produce(&db.pool, history, &commits);
 
@@ -521,37 +504,27 @@ impl Tally {
     }
 }
 
-struct Workers {
-    stop: CancellationToken,
-    handles: Vec<JoinHandle<()>>,
-}
-
-impl Workers {
-    async fn spawn(url: &str, exchange: &str, history: &History, tally: &Arc<Tally>) -> Self {
-        let stop = CancellationToken::new();
-        let mut handles = Vec::new();
-        for i in 0..WORKERS {
-            let worker = Worker {
-                name: format!("ordered-{i}"),
-                url: url.to_owned(),
-                client: connect_lazy(url),
-                failing: false,
-                broker: Broker::connect(exchange).await,
-                history: history.clone(),
-                tally: Arc::clone(tally),
-                rng: StdRng::seed_from_u64(i as u64),
-            };
-            handles.push(tokio::spawn(worker.run(stop.clone())));
-        }
-        Self { stop, handles }
+/// The ordered case's workers, on the one outboxd (the harness's claims and
+/// settles, with the harness's short lease: a batch sat on past it goes to
+/// another worker within the case), each publishing to RabbitMQ.
+async fn spawn_workers(
+    url: &str,
+    exchange: &str,
+    history: &History,
+    tally: &Arc<Tally>,
+) -> Workers {
+    let mut workers = Vec::new();
+    for i in 0..WORKERS {
+        workers.push(Worker {
+            name: format!("ordered-{i}"),
+            conn: Conn::new(Targets::new([url.to_owned()]), 0, history.clone()),
+            broker: Broker::connect(exchange).await,
+            history: history.clone(),
+            tally: Arc::clone(tally),
+            rng: StdRng::seed_from_u64(i as u64),
+        });
     }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        for handle in self.handles {
-            handle.await.expect("a worker panicked");
-        }
-    }
+    Workers::start(workers.into_iter().map(|w| move |stop| w.run(stop)))
 }
 
 /// A worker's own connection to RabbitMQ, with a channel in confirm mode.
@@ -632,146 +605,24 @@ impl Broker {
 
 struct Worker {
     name: String,
-    url: String,
-    client: OutboxServiceClient<Channel>,
-    failing: bool,
+    conn: Conn,
     broker: Broker,
     history: History,
     tally: Arc<Tally>,
     rng: StdRng,
 }
 
-fn connect_lazy(url: &str) -> OutboxServiceClient<Channel> {
-    let channel = Channel::from_shared(url.to_owned())
-        .expect("a valid URL")
-        .connect_timeout(millis(500))
-        .connect_lazy();
-    OutboxServiceClient::new(channel)
-}
-
-/// A request with a gRPC deadline, which the client also enforces itself.
-async fn call<T>(
-    deadline: Duration,
-    fut: impl Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, Status> {
-    match tokio::time::timeout(deadline + millis(200), fut).await {
-        Ok(result) => result.map(tonic::Response::into_inner),
-        Err(_) => Err(Status::deadline_exceeded("the client gave up")),
-    }
-}
-
-fn request<T>(msg: T, deadline: Duration) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.set_timeout(deadline);
-    req
-}
-
-fn outcomes(ids: &[String], results: &[MessageResult]) -> Vec<(String, history::Outcome)> {
-    assert_eq!(
-        results.iter().map(|r| &r.message_id).collect::<Vec<_>>(),
-        ids.iter().collect::<Vec<_>>(),
-        "one result per id, in request order"
-    );
-    results
-        .iter()
-        .map(|r| {
-            let outcome = match pb::Outcome::try_from(r.outcome) {
-                Ok(pb::Outcome::Ok) => history::Outcome::Ok,
-                Ok(pb::Outcome::AlreadyDone) => history::Outcome::AlreadyDone,
-                Ok(pb::Outcome::LeaseLost) => history::Outcome::LeaseLost,
-                Ok(pb::Outcome::NotFound) => history::Outcome::NotFound,
-                Ok(pb::Outcome::DeadLettered) => history::Outcome::DeadLettered,
-                _ => panic!("outcome {} for {}", r.outcome, r.message_id),
-            };
-            (r.message_id.clone(), outcome)
-        })
-        .collect()
-}
-
-fn db_time(ts: Option<prost_types::Timestamp>) -> DateTime<Utc> {
-    let ts = ts.expect("a claim with messages has an expiry");
-    DateTime::from_timestamp(ts.seconds, u32::try_from(ts.nanos).expect("nanos >= 0"))
-        .expect("a timestamp in range")
-}
-
 impl Worker {
-    fn succeeded(&mut self) {
-        if std::mem::take(&mut self.failing) {
-            self.history.recovered();
-        }
-    }
-
-    /// After a failed call (outboxd is down): a fresh connection, a back-off.
-    async fn failed(&mut self, status: &Status) {
-        let code = status.code();
-        assert!(
-            !matches!(
-                code,
-                Code::InvalidArgument
-                    | Code::NotFound
-                    | Code::OutOfRange
-                    | Code::PermissionDenied
-                    | Code::Unauthenticated
-                    | Code::Unimplemented
-            ),
-            "a well-formed call was refused: {status:?}"
-        );
-        self.history.call_failed(format!("{code:?}"));
-        self.failing = true;
-        self.client = connect_lazy(&self.url);
-        // A worker's back-off before its next call, as a real one would.
-        sleep(millis(100)).await;
-    }
-
     /// Claim, publish with confirms, ack; now and then the broker refuses a
     /// message (nacked, for a retry) or the worker sits on its batch past
     /// the lease and drops it (a stalled worker: someone else delivers it).
     async fn run(mut self, stop: CancellationToken) {
         let mut batches = 0u32;
         while !stop.is_cancelled() {
-            let req = ClaimBatchRequest {
-                outbox: String::new(),
-                worker_id: self.name.clone(),
-                max_messages: BATCH,
-                lease_duration: Some(LEASE.try_into().expect("fits")),
-                wait: Some(WAIT.try_into().expect("fits")),
-                acks: Vec::new(),
-            };
-            let start = self.history.now();
-            let result = call(
-                CLAIM_DEADLINE,
-                self.client.claim_batch(request(req, CLAIM_DEADLINE)),
-            )
-            .await;
-            let end = self.history.now();
-            let batch = match result {
-                Ok(batch) => {
-                    self.succeeded();
-                    batch
-                }
-                Err(status) => {
-                    self.failed(&status).await;
-                    continue;
-                }
-            };
-            if batch.messages.is_empty() {
+            let Some(batch) = self.conn.claim(&self.name).await else {
                 continue;
-            }
+            };
             batches += 1;
-            let expires_at = db_time(batch.lease_expires_at);
-            self.history.claim(Claim {
-                worker: self.name.clone(),
-                lease_id: batch.lease_id.clone(),
-                messages: batch
-                    .messages
-                    .iter()
-                    .map(|m| (m.id.clone(), m.attempt))
-                    .collect(),
-                start,
-                end,
-                claimed_at: expires_at - TimeDelta::from_std(LEASE).expect("fits"),
-                expires_at,
-            });
             // Every worker's third batch, and one in fifty after that.
             if batches == 3 || self.rng.random_bool(0.02) {
                 self.tally.sat_on_batch(&batch);
@@ -795,77 +646,14 @@ impl Worker {
             refuse.extend(unconfirmed);
             if !refuse.is_empty() {
                 self.history.expose(refuse.clone());
-                self.settle(SettleKind::Nack, &batch.lease_id, refuse).await;
-            }
-            if !confirmed.is_empty() {
-                self.settle(SettleKind::Ack, &batch.lease_id, confirmed)
+                self.conn
+                    .settle(&self.name, SettleKind::Nack, &batch.lease_id, refuse)
                     .await;
             }
-        }
-    }
-
-    /// One settle call, repeated on failure (a repeated ack is ALREADY_DONE)
-    /// for up to `SETTLE_PATIENCE`; every try is recorded.
-    async fn settle(&mut self, kind: SettleKind, lease_id: &str, ids: Vec<String>) {
-        let give_up = Instant::now() + SETTLE_PATIENCE;
-        loop {
-            let start = self.history.now();
-            let result = match kind {
-                SettleKind::Ack => {
-                    let req = AckRequest {
-                        outbox: String::new(),
-                        lease_id: lease_id.into(),
-                        message_ids: ids.clone(),
-                    };
-                    call(
-                        SETTLE_DEADLINE,
-                        self.client.ack(request(req, SETTLE_DEADLINE)),
-                    )
-                    .await
-                    .map(|r| r.results)
-                }
-                SettleKind::Nack => {
-                    let req = NackRequest {
-                        outbox: String::new(),
-                        lease_id: lease_id.into(),
-                        message_ids: ids.clone(),
-                        error: "the broker refused it".into(),
-                        retry_after: Some(millis(100).try_into().expect("fits")),
-                        dead_letter: false,
-                    };
-                    call(
-                        SETTLE_DEADLINE,
-                        self.client.nack(request(req, SETTLE_DEADLINE)),
-                    )
-                    .await
-                    .map(|r| r.results)
-                }
-            };
-            let end = self.history.now();
-            let outcomes = match &result {
-                Ok(results) => outcomes(&ids, results),
-                Err(_) => ids
-                    .iter()
-                    .map(|id| (id.clone(), history::Outcome::Unknown))
-                    .collect(),
-            };
-            self.history.settle(Settle {
-                kind,
-                worker: self.name.clone(),
-                lease_id: lease_id.into(),
-                start,
-                end,
-                outcomes,
-            });
-            match result {
-                Ok(_) => {
-                    self.succeeded();
-                    return;
-                }
-                Err(status) => self.failed(&status).await,
-            }
-            if Instant::now() >= give_up {
-                return;
+            if !confirmed.is_empty() {
+                self.conn
+                    .settle(&self.name, SettleKind::Ack, &batch.lease_id, confirmed)
+                    .await;
             }
         }
     }

@@ -5,6 +5,8 @@
 //! - [`rpc`]: the relay worker's side, RPCs that fail the test on an error,
 //!   request builders and outcome helpers;
 //! - [`rows`]: the producer's side and the table's state, read directly;
+//! - [`metrics`]: the server's `/metrics`, scraped;
+//! - [`run`]: the binary run to completion, for its exit code and output;
 //! - [`logs`]: where the server's logs and spans go;
 //! - [`otlp`]: an in-process OTLP collector for the spans.
 //!
@@ -13,9 +15,11 @@
 
 mod app;
 mod logs;
+mod metrics;
 pub mod otlp;
 mod rows;
 mod rpc;
+mod run;
 
 pub use crate::shared::{
     db::TestDb,
@@ -23,8 +27,10 @@ pub use crate::shared::{
     wait::{millis, secs, wait_until, within},
 };
 pub use app::{ServerArgs, TestApp, config_for};
+pub use metrics::gauge;
 pub use rows::insert_plain;
 pub use rpc::{
-    ALREADY_DONE, DEAD_LETTERED, LEASE_LOST, NOT_FOUND, OK, claim_request, dur, ids, outcomes,
-    seconds, strings, time, wire,
+    ALREADY_DONE, DEAD_LETTERED, LEASE_LOST, NOT_FOUND, OK, assert_invalid, assert_not_found,
+    claim_request, dur, ids, outcomes, seconds, strings, time, wire,
 };
+pub use run::{run_outboxd, said};

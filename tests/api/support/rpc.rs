@@ -1,7 +1,10 @@
 //! The relay worker's side: RPC wrappers that fail the test on an RPC error
 //! (or a hang), request builders, and helpers that read answers.
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt::Debug,
+    time::{Duration, Instant},
+};
 
 use chrono::{DateTime, Utc};
 use outboxd::grpc::pb::{
@@ -10,8 +13,9 @@ use outboxd::grpc::pb::{
     ListBlockedKeysResponse, ListDeadLettersRequest, ListDeadLettersResponse, MessageResult,
     NackRequest, Outcome, RedriveRequest, outbox_admin_client::OutboxAdminClient,
 };
-use tonic::{Status, transport::Channel};
+use tonic::{Code, Status, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+use tonic_types::StatusExt;
 use uuid::Uuid;
 
 use tokio::task::JoinHandle;
@@ -355,4 +359,60 @@ pub fn time(ts: Option<prost_types::Timestamp>) -> DateTime<Utc> {
 pub fn seconds(d: Option<prost_types::Duration>) -> f64 {
     let d = d.expect("duration is set");
     d.seconds as f64 + f64::from(d.nanos) / 1e9
+}
+
+/// An answer that must be NOT_FOUND naming the unknown outbox `nope`.
+#[track_caller]
+pub fn assert_not_found<T: Debug>(result: Result<T, Status>, rpc: &str) {
+    let status = match result {
+        Ok(answer) => panic!("{rpc} on an unknown outbox answered {answer:?}"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::NotFound, "{rpc}: {status:?}");
+    assert!(
+        status.message().contains("nope"),
+        "{rpc} names the outbox: {:?}",
+        status.message()
+    );
+}
+
+/// An answer that must be INVALID_ARGUMENT naming each of `fields`, in the
+/// message and in google.rpc.BadRequest details, each violation saying why.
+#[track_caller]
+pub fn assert_invalid<T: Debug>(result: Result<T, Status>, fields: &[&str]) {
+    let status = match result {
+        Ok(answer) => panic!("a bad {fields:?} was accepted: {answer:?}"),
+        Err(status) => status,
+    };
+    assert_eq!(
+        status.code(),
+        Code::InvalidArgument,
+        "bad {fields:?}: {status:?}"
+    );
+    let details = status.get_details_bad_request().unwrap_or_else(|| {
+        panic!("bad {fields:?}: no google.rpc.BadRequest details in {status:?}")
+    });
+    let listed: Vec<&str> = details
+        .field_violations
+        .iter()
+        .map(|v| v.field.as_str())
+        .collect();
+    for field in fields {
+        assert!(
+            status.message().contains(field),
+            "the message names {field}: {:?}",
+            status.message()
+        );
+        assert!(
+            listed.contains(field),
+            "BadRequest lists {field}: {listed:?}"
+        );
+    }
+    assert!(
+        details
+            .field_violations
+            .iter()
+            .all(|v| !v.description.is_empty()),
+        "each violation says why"
+    );
 }

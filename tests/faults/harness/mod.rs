@@ -33,7 +33,7 @@ use crate::{
 };
 pub use producers::{burst, produce};
 pub use sampler::Sampler;
-pub use workers::{Targets, Workers};
+pub use workers::{Conn, LEASE, Targets, Workers};
 
 /// Workers in a case's load.
 const WORKERS: usize = 4;

@@ -8,7 +8,7 @@ use std::{
 
 use chrono::{DateTime, TimeDelta, Utc};
 use outboxd::grpc::pb::{
-    self, AckRequest, ClaimBatchRequest, MessageResult, NackRequest,
+    self, AckRequest, ClaimBatchRequest, ClaimBatchResponse, MessageResult, NackRequest,
     outbox_service_client::OutboxServiceClient,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// The workers' lease: short, so leases lost to a fault come back within the case.
-const LEASE: Duration = Duration::from_secs(2);
+pub const LEASE: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(1);
 const BATCH: u32 = 50;
 /// A claim's deadline: its long-poll plus room for a slow statement.
@@ -51,8 +51,10 @@ impl Targets {
     }
 }
 
-/// A worker's connection: the target it uses and whether its last call failed.
-struct Conn {
+/// A worker's connection: the target it uses and whether its last call
+/// failed; it claims and settles over gRPC and records every call in the
+/// history. A worker with one target reconnects to it after a failure.
+pub struct Conn {
     targets: Targets,
     pick: usize,
     client: OutboxServiceClient<Channel>,
@@ -61,7 +63,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(targets: Targets, pick: usize, history: History) -> Self {
+    pub fn new(targets: Targets, pick: usize, history: History) -> Self {
         let client = connect_lazy(&targets.pick(pick));
         Self {
             targets,
@@ -99,6 +101,127 @@ impl Conn {
         self.client = connect_lazy(&self.targets.pick(self.pick));
         // A worker's back-off before its next call, as a real one would.
         sleep(millis(100)).await;
+    }
+
+    /// One claim for `worker` (a long poll of `WAIT`, on a lease of `LEASE`),
+    /// recorded; `None` when the call failed (after the back-off) or the
+    /// batch is empty.
+    pub async fn claim(&mut self, worker: &str) -> Option<ClaimBatchResponse> {
+        let req = ClaimBatchRequest {
+            outbox: String::new(),
+            worker_id: worker.to_owned(),
+            max_messages: BATCH,
+            lease_duration: Some(LEASE.try_into().expect("fits")),
+            wait: Some(WAIT.try_into().expect("fits")),
+            acks: Vec::new(),
+        };
+        let start = self.history.now();
+        let result = call(
+            CLAIM_DEADLINE,
+            self.client.claim_batch(request(req, CLAIM_DEADLINE)),
+        )
+        .await;
+        let end = self.history.now();
+        let batch = match result {
+            Ok(batch) => {
+                self.succeeded();
+                batch
+            }
+            Err(status) => {
+                self.failed(&status).await;
+                return None;
+            }
+        };
+        if batch.messages.is_empty() {
+            return None;
+        }
+        let expires_at = db_time(batch.lease_expires_at);
+        self.history.claim(Claim {
+            worker: worker.to_owned(),
+            lease_id: batch.lease_id.clone(),
+            messages: batch
+                .messages
+                .iter()
+                .map(|m| (m.id.clone(), m.attempt))
+                .collect(),
+            start,
+            end,
+            claimed_at: expires_at - TimeDelta::from_std(LEASE).expect("fits"),
+            expires_at,
+        });
+        Some(batch)
+    }
+
+    /// One settle call, repeated on failure (a repeated ack is ALREADY_DONE)
+    /// for up to `SETTLE_PATIENCE`; every try is recorded.
+    pub async fn settle(
+        &mut self,
+        worker: &str,
+        kind: SettleKind,
+        lease_id: &str,
+        ids: Vec<String>,
+    ) {
+        let give_up = Instant::now() + SETTLE_PATIENCE;
+        loop {
+            let start = self.history.now();
+            let result = match kind {
+                SettleKind::Ack => {
+                    let req = AckRequest {
+                        outbox: String::new(),
+                        lease_id: lease_id.into(),
+                        message_ids: ids.clone(),
+                    };
+                    call(
+                        SETTLE_DEADLINE,
+                        self.client.ack(request(req, SETTLE_DEADLINE)),
+                    )
+                    .await
+                    .map(|r| r.results)
+                }
+                SettleKind::Nack => {
+                    let req = NackRequest {
+                        outbox: String::new(),
+                        lease_id: lease_id.into(),
+                        message_ids: ids.clone(),
+                        error: "the broker refused it".into(),
+                        retry_after: Some(millis(100).try_into().expect("fits")),
+                        dead_letter: false,
+                    };
+                    call(
+                        SETTLE_DEADLINE,
+                        self.client.nack(request(req, SETTLE_DEADLINE)),
+                    )
+                    .await
+                    .map(|r| r.results)
+                }
+            };
+            let end = self.history.now();
+            let outcomes = match &result {
+                Ok(results) => outcomes(&ids, results),
+                Err(_) => ids
+                    .iter()
+                    .map(|id| (id.clone(), history::Outcome::Unknown))
+                    .collect(),
+            };
+            self.history.settle(Settle {
+                kind,
+                worker: worker.into(),
+                lease_id: lease_id.into(),
+                start,
+                end,
+                outcomes,
+            });
+            match result {
+                Ok(_) => {
+                    self.succeeded();
+                    return;
+                }
+                Err(status) => self.failed(&status).await,
+            }
+            if Instant::now() >= give_up {
+                return;
+            }
+        }
     }
 }
 
@@ -163,12 +286,22 @@ pub struct Workers {
 
 impl Workers {
     pub fn spawn(n: usize, targets: &Targets, history: &History) -> Self {
+        Self::start((0..n).map(|i| {
+            let conn = Conn::new(targets.clone(), i, history.clone());
+            move |stop| work(format!("worker-{i}"), conn, stop, i as u64)
+        }))
+    }
+
+    /// Workers of a case's own: each is handed the token that stops it.
+    pub fn start<W, F>(workers: impl IntoIterator<Item = W>) -> Self
+    where
+        W: FnOnce(CancellationToken) -> F,
+        F: Future<Output = ()> + Send + 'static,
+    {
         let stop = CancellationToken::new();
-        let handles = (0..n)
-            .map(|i| {
-                let conn = Conn::new(targets.clone(), i, history.clone());
-                tokio::spawn(work(format!("worker-{i}"), conn, stop.clone(), i as u64))
-            })
+        let handles = workers
+            .into_iter()
+            .map(|worker| tokio::spawn(worker(stop.clone())))
             .collect();
         Self { stop, handles }
     }
@@ -187,49 +320,10 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
     let history = conn.history.clone();
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.is_cancelled() {
-        let req = ClaimBatchRequest {
-            outbox: String::new(),
-            worker_id: name.clone(),
-            max_messages: BATCH,
-            lease_duration: Some(LEASE.try_into().expect("fits")),
-            wait: Some(WAIT.try_into().expect("fits")),
-            acks: Vec::new(),
-        };
-        let start = history.now();
-        let result = call(
-            CLAIM_DEADLINE,
-            conn.client.claim_batch(request(req, CLAIM_DEADLINE)),
-        )
-        .await;
-        let end = history.now();
-        let batch = match result {
-            Ok(batch) => {
-                conn.succeeded();
-                batch
-            }
-            Err(status) => {
-                conn.failed(&status).await;
-                continue;
-            }
-        };
-        if batch.messages.is_empty() {
+        let Some(batch) = conn.claim(&name).await else {
             continue;
-        }
-        let expires_at = db_time(batch.lease_expires_at);
+        };
         let lease_id = batch.lease_id.clone();
-        history.claim(Claim {
-            worker: name.clone(),
-            lease_id: lease_id.clone(),
-            messages: batch
-                .messages
-                .iter()
-                .map(|m| (m.id.clone(), m.attempt))
-                .collect(),
-            start,
-            end,
-            claimed_at: expires_at - TimeDelta::from_std(LEASE).expect("fits"),
-            expires_at,
-        });
         let mut ids: Vec<String> = batch.messages.iter().map(|m| m.id.clone()).collect();
         if rng.random_bool(0.03) {
             // A publish slower than the lease: the rows may go to someone else
@@ -252,77 +346,11 @@ async fn work(name: String, mut conn: Conn, stop: CancellationToken, seed: u64) 
         }
         if !refused.is_empty() {
             history.expose(refused.clone());
-            settle(&mut conn, &name, SettleKind::Nack, &lease_id, refused).await;
+            conn.settle(&name, SettleKind::Nack, &lease_id, refused)
+                .await;
         }
         if !ids.is_empty() {
-            settle(&mut conn, &name, SettleKind::Ack, &lease_id, ids).await;
-        }
-    }
-}
-
-/// One settle call, repeated on failure (a repeated ack is ALREADY_DONE)
-/// for up to `SETTLE_PATIENCE`; every try is recorded.
-async fn settle(conn: &mut Conn, worker: &str, kind: SettleKind, lease_id: &str, ids: Vec<String>) {
-    let history = conn.history.clone();
-    let give_up = Instant::now() + SETTLE_PATIENCE;
-    loop {
-        let start = history.now();
-        let result = match kind {
-            SettleKind::Ack => {
-                let req = AckRequest {
-                    outbox: String::new(),
-                    lease_id: lease_id.into(),
-                    message_ids: ids.clone(),
-                };
-                call(
-                    SETTLE_DEADLINE,
-                    conn.client.ack(request(req, SETTLE_DEADLINE)),
-                )
-                .await
-                .map(|r| r.results)
-            }
-            SettleKind::Nack => {
-                let req = NackRequest {
-                    outbox: String::new(),
-                    lease_id: lease_id.into(),
-                    message_ids: ids.clone(),
-                    error: "the broker refused it".into(),
-                    retry_after: Some(millis(100).try_into().expect("fits")),
-                    dead_letter: false,
-                };
-                call(
-                    SETTLE_DEADLINE,
-                    conn.client.nack(request(req, SETTLE_DEADLINE)),
-                )
-                .await
-                .map(|r| r.results)
-            }
-        };
-        let end = history.now();
-        let outcomes = match &result {
-            Ok(results) => outcomes(&ids, results),
-            Err(_) => ids
-                .iter()
-                .map(|id| (id.clone(), history::Outcome::Unknown))
-                .collect(),
-        };
-        history.settle(Settle {
-            kind,
-            worker: worker.into(),
-            lease_id: lease_id.into(),
-            start,
-            end,
-            outcomes,
-        });
-        match result {
-            Ok(_) => {
-                conn.succeeded();
-                return;
-            }
-            Err(status) => conn.failed(&status).await,
-        }
-        if Instant::now() >= give_up {
-            return;
+            conn.settle(&name, SettleKind::Ack, &lease_id, ids).await;
         }
     }
 }
