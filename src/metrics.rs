@@ -89,6 +89,24 @@ impl ServerMetrics {
                 "Age of the oldest unexpired lease, by the database clock.",
                 |s| s.oldest_lease_age.as_secs_f64(),
             ),
+            gauge(
+                "outbox_blocked_keys",
+                "{aggregate}",
+                "Aggregates held back behind a dead-lettered event (ordered outboxes, poison=block) until an operator redrives or discards it. Alert when above zero.",
+                |s| s.blocked_keys as f64,
+            ),
+            gauge(
+                "outbox_oldest_blocked_key_age_seconds",
+                "s",
+                "How long the longest-blocked aggregate has been blocked, by the database clock.",
+                |s| s.oldest_blocked_age.as_secs_f64(),
+            ),
+            gauge(
+                "outbox_commit_order_holdback_seconds",
+                "s",
+                "How long an ordered outbox has been holding new events back until older transactions of the database end (commit order); a long-open transaction shows here.",
+                |s| s.commit_order_holdback.as_secs_f64(),
+            ),
         ];
         Self {
             claimed: counter(

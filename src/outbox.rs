@@ -83,12 +83,57 @@ pub struct OutboxPolicy {
     pub retention: Duration,
 }
 
+/// Whether events of one aggregate are handed out one at a time, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ordering {
+    /// Any claimable event may go to any worker (`ordering=none`).
+    #[default]
+    None,
+    /// Per-aggregate order (`ordering=aggregate`): only the first unsettled
+    /// event of an aggregate is claimable, and only while no other event of
+    /// the aggregate is leased.
+    Aggregate(Poison),
+}
+
+/// What a dead-lettered head does to the rest of its aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Poison {
+    /// The aggregate waits until an operator redrives or discards the head
+    /// (`poison=block`): no later event overtakes it.
+    #[default]
+    Block,
+    /// The head is set aside and the aggregate goes on (`poison=park`).
+    Park,
+}
+
+impl Ordering {
+    pub fn is_ordered(self) -> bool {
+        matches!(self, Self::Aggregate(_))
+    }
+
+    /// Whether a dead-lettered head holds its aggregate back.
+    pub fn blocks(self) -> bool {
+        self == Self::Aggregate(Poison::Block)
+    }
+}
+
+impl fmt::Display for Ordering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::Aggregate(Poison::Block) => f.write_str("aggregate (poison=block)"),
+            Self::Aggregate(Poison::Park) => f.write_str("aggregate (poison=park)"),
+        }
+    }
+}
+
 /// One configured outbox.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxSpec {
     pub name: String,
     pub table: TableRef,
     pub policy: OutboxPolicy,
+    pub ordering: Ordering,
 }
 
 /// `NAME=SCHEMA.TABLE[:key=value]...` as given on the command line, before the
@@ -102,6 +147,7 @@ pub struct OutboxArg {
     pub backoff_base: Option<Duration>,
     pub backoff_factor: Option<f64>,
     pub backoff_max: Option<Duration>,
+    pub ordering: Ordering,
 }
 
 impl OutboxArg {
@@ -120,6 +166,7 @@ impl OutboxArg {
                 backoff,
                 retention: self.retention.unwrap_or(defaults.retention),
             },
+            ordering: self.ordering,
         }
     }
 }
@@ -153,7 +200,10 @@ impl FromStr for OutboxArg {
             backoff_base: None,
             backoff_factor: None,
             backoff_max: None,
+            ordering: Ordering::None,
         };
+        let mut ordered = false;
+        let mut poison = None;
         for option in parts {
             let (key, value) = option
                 .split_once('=')
@@ -181,13 +231,36 @@ impl FromStr for OutboxArg {
                     }
                     arg.backoff_factor = Some(f);
                 }
+                "ordering" => {
+                    ordered = match value {
+                        "none" => false,
+                        "aggregate" => true,
+                        _ => return Err(bad(&"expected none or aggregate")),
+                    }
+                }
+                "poison" => {
+                    poison = Some(match value {
+                        "block" => Poison::Block,
+                        "park" => Poison::Park,
+                        _ => return Err(bad(&"expected block or park")),
+                    })
+                }
                 _ => {
                     return Err(format!(
-                        "{raw:?}: unknown option {key:?} (max_attempts, retention, backoff_base, backoff_factor, backoff_max)"
+                        "{raw:?}: unknown option {key:?} (max_attempts, retention, backoff_base, backoff_factor, backoff_max, ordering, poison)"
                     ));
                 }
             }
         }
+        arg.ordering = match (ordered, poison) {
+            (true, poison) => Ordering::Aggregate(poison.unwrap_or_default()),
+            (false, None) => Ordering::None,
+            (false, Some(_)) => {
+                return Err(format!(
+                    "{raw:?}: poison: only with ordering=aggregate (an unordered outbox never holds events back)"
+                ));
+            }
+        };
         Ok(arg)
     }
 }
@@ -245,6 +318,32 @@ mod tests {
 
         let bare: OutboxArg = "default=outbox".parse().expect("valid");
         assert_eq!(bare.table.to_string(), "public.outbox");
+        assert_eq!(bare.resolve(&defaults).ordering, Ordering::None);
+    }
+
+    #[test]
+    fn ordering_and_poison_parse() {
+        for (raw, ordering) in [
+            ("o=outbox:ordering=none", Ordering::None),
+            (
+                "o=outbox:ordering=aggregate",
+                Ordering::Aggregate(Poison::Block),
+            ),
+            (
+                "o=outbox:ordering=aggregate:poison=block",
+                Ordering::Aggregate(Poison::Block),
+            ),
+            (
+                "o=outbox:poison=park:ordering=aggregate",
+                Ordering::Aggregate(Poison::Park),
+            ),
+        ] {
+            let arg: OutboxArg = raw.parse().expect(raw);
+            assert_eq!(arg.ordering, ordering, "{raw}");
+        }
+        assert!(Ordering::Aggregate(Poison::Block).blocks());
+        assert!(!Ordering::Aggregate(Poison::Park).blocks());
+        assert!(!Ordering::None.is_ordered());
     }
 
     #[test]
@@ -274,6 +373,22 @@ mod tests {
             (
                 "x=public.outbox:nokey",
                 "option \"nokey\" must be key=value",
+            ),
+            (
+                "x=public.outbox:ordering=sideways",
+                "ordering: expected none or aggregate",
+            ),
+            (
+                "x=public.outbox:ordering=aggregate:poison=drop",
+                "poison: expected block or park",
+            ),
+            (
+                "x=public.outbox:poison=park",
+                "poison: only with ordering=aggregate",
+            ),
+            (
+                "x=public.outbox:ordering=none:poison=block",
+                "poison: only with ordering=aggregate",
             ),
         ] {
             let err = bad.parse::<OutboxArg>().expect_err(bad);

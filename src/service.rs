@@ -7,6 +7,7 @@
 //! Each call first resolves the outbox it names (see [`Outboxes`]); generic
 //! over the store, PostgreSQL's by default.
 
+mod admin;
 mod outbox;
 
 use std::time::Duration;
@@ -26,6 +27,7 @@ use crate::{
     telemetry::{LeaseOutcome, record_lease},
 };
 
+pub use admin::AdminService;
 pub use outbox::{Outbox, Outboxes};
 
 /// The first re-check after a wake-up that found nothing: about one commit.
@@ -72,6 +74,22 @@ impl<S: OutboxStore> OutboxService<S> {
     ) -> Result<(Vec<MessageResult>, ClaimedBatch), Error> {
         if req.acks.is_empty() {
             return Ok((Vec::new(), self.claim(req).await?));
+        }
+        if self
+            .outboxes
+            .get(req.outbox.as_str())?
+            .store
+            .spec()
+            .ordering
+            .is_ordered()
+        {
+            // On an ordered outbox an ack frees the next event of each acked
+            // aggregate: claiming after the acks hands those out in this call.
+            let mut acked = Vec::new();
+            for ack in &req.acks {
+                acked.extend(self.ack(ack).await?.results);
+            }
+            return Ok((acked, self.claim(req).await?));
         }
         let acks = async {
             let mut acked = Vec::new();
@@ -141,6 +159,7 @@ impl<S: OutboxStore> OutboxService<S> {
     pub async fn ack(&self, req: &AckRequest) -> Result<Settled, Error> {
         let outbox = self.outboxes.get(req.outbox.as_str())?;
         let settled = outbox.store.ack(req).await?;
+        freed_next(outbox, &settled);
         let outbox = outbox.name();
         self.metrics.acked(outbox, count(&settled, Outcome::Ok));
         self.metrics
@@ -161,6 +180,7 @@ impl<S: OutboxStore> OutboxService<S> {
     pub async fn nack(&self, req: &NackRequest) -> Result<Settled, Error> {
         let outbox = self.outboxes.get(req.outbox.as_str())?;
         let settled = outbox.store.nack(req).await?;
+        freed_next(outbox, &settled);
         let outbox = outbox.name();
         self.metrics.nacked(outbox, count(&settled, Outcome::Ok));
         self.metrics
@@ -201,6 +221,23 @@ impl<S: OutboxStore> OutboxService<S> {
     pub async fn stats(&self, req: &StatsRequest) -> Result<Stats, Error> {
         let outbox = self.outboxes.get(req.outbox.as_str())?;
         Ok(outbox.store.stats().await?)
+    }
+}
+
+/// On an ordered outbox, settling a head makes its aggregate's next event
+/// claimable without any insert to wake waiting claimers: wake them here.
+/// (A head nacked with a backoff frees nothing yet; the poll finds it later.)
+fn freed_next<S: OutboxStore>(outbox: &Outbox<S>, settled: &Settled) {
+    if !outbox.store.spec().ordering.is_ordered() {
+        return;
+    }
+    let freed = settled
+        .results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Ok | Outcome::DeadLettered))
+        .count();
+    if freed > 0 {
+        outbox.waiters.notify(freed as u64);
     }
 }
 

@@ -29,8 +29,34 @@ use crate::{
 /// Untimed claims from each outbox before the timed ones (connections, caches).
 pub const WARM_UP: usize = 3;
 
-/// The ordered claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS, WAL).
-const CLAIM_ORDERED_SQL: Option<&str> = None;
+/// What outboxd puts in its claim statement (`claim.sql`) for an ordered
+/// outbox under `poison=block`, to keep every event but its aggregate's head
+/// out: `HEAD_ONLY` of `src/store/postgres/statements.rs`, with its
+/// `{parked}` empty (a test keeps the two alike).
+const HEAD_ONLY: &str = "AND NOT EXISTS (SELECT 1 FROM {table} AS p
+                      WHERE p.aggregate_id = o.aggregate_id AND p.seq < o.seq
+                        AND p.published_at IS NULL AND p.discarded_at IS NULL{parked}
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM {leases} AS x
+                      WHERE x.aggregate_id = o.aggregate_id::text
+                        AND x.locked_until > now() AND x.id <> o.id
+                      OFFSET 0)";
+
+/// outboxd's claim statement for an ordered `schema.outbox` (poison=block),
+/// bound as the scale scenario binds the unordered one; the commit-order
+/// guard's bound ($8) lets every row through, as it does once no writer that
+/// started before the claim is still open.
+fn ordered_claim_sql(schema: &str) -> String {
+    let head_only = HEAD_ONLY.replace("{parked}", "");
+    let sql = scenarios::CLAIM_SQL
+        .replace("{expired_order}", &head_only)
+        .replace(
+            "{fresh_order}",
+            &format!("AND o.seq <= $8::bigint\n      {head_only}"),
+        )
+        .replace("{lease_aggregate}", "c.aggregate_id");
+    scenarios::bind_claim(&sql, schema).replace("$8", &i64::MAX.to_string())
+}
 
 /// The two sides of every comparison here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,10 +349,10 @@ async fn hot(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<()
 
 /// The claim statements of both sides for `public.outbox`, bound as the
 /// scale scenario binds them (a claim of 100 for 60 s).
-fn claim_statement(order: Order) -> Option<String> {
+fn claim_statement(order: Order) -> String {
     match order {
-        Order::Unordered => Some(scenarios::claim_sql("public")),
-        Order::Ordered => CLAIM_ORDERED_SQL.map(|sql| scenarios::bind_claim(sql, "public")),
+        Order::Unordered => scenarios::claim_sql("public"),
+        Order::Ordered => ordered_claim_sql("public"),
     }
 }
 
@@ -364,15 +390,14 @@ async fn ordered_claim(ctx: &Ctx, plan: &Plan) -> anyhow::Result<OrderedClaim> {
         "ordered claim: {} claims of 100 from each outbox, in turn",
         plan.ordered_claims
     ));
+    // outboxd's sessions plan with sequential scans priced out; so do these.
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .context("SET enable_seqscan")?;
     let mut sides = Vec::new();
     for order in [Order::Ordered, Order::Unordered] {
-        sides.push(match claim_statement(order) {
-            Some(sql) => scenarios::explain(&mut conn, &sql).await?,
-            None => (
-                "(not explained: this build has no ordered claim statement)".into(),
-                f64::NAN,
-            ),
-        });
+        sides.push(scenarios::explain(&mut conn, &claim_statement(order)).await?);
     }
     let _ = conn.close().await;
     // Two outboxd on the one table: the same rows, the same machine.
@@ -462,4 +487,32 @@ async fn claims(plan: &Plan, addrs: [SocketAddr; 2]) -> anyhow::Result<(Vec<f64>
     }
     let [o, u] = times;
     Ok((o, u))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HEAD_ONLY, ordered_claim_sql};
+
+    /// outboxd's statement builder, where its ordered claim's text comes from.
+    const STATEMENTS: &str = include_str!("../../src/store/postgres/statements.rs");
+
+    #[test]
+    fn the_ordered_claim_is_outboxds() {
+        assert!(
+            STATEMENTS.contains(HEAD_ONLY),
+            "HEAD_ONLY differs from outboxd's in src/store/postgres/statements.rs"
+        );
+        let sql = ordered_claim_sql("public");
+        for placeholder in ["{", "$1", "$8"] {
+            assert!(!sql.contains(placeholder), "{placeholder} left in\n{sql}");
+        }
+        assert!(
+            sql.contains("o.seq <= 9223372036854775807::bigint"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("x.aggregate_id = o.aggregate_id::text"),
+            "{sql}"
+        );
+    }
 }

@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS, WAL).
-const CLAIM_SQL: &str = include_str!("../../src/store/postgres/queries/claim.sql");
+pub const CLAIM_SQL: &str = include_str!("../../src/store/postgres/queries/claim.sql");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Design {
@@ -1611,11 +1611,18 @@ pub async fn explain(conn: &mut sqlx::PgConnection, sql: &str) -> anyhow::Result
 /// outboxd's claim statement for `schema.outbox`, its names quoted as outboxd
 /// quotes them and its parameters bound to a claim of 100 for 60 s.
 pub fn claim_sql(schema: &str) -> String {
-    bind_claim(CLAIM_SQL, schema)
+    bind_claim(
+        &CLAIM_SQL
+            // An unordered outbox's claim (see outboxd's `statements.rs`).
+            .replace("{expired_order}", "")
+            .replace("{fresh_order}", "")
+            .replace("{lease_aggregate}", "NULL"),
+        schema,
+    )
 }
 
-/// A claim statement (`sql`, as outboxd keeps it) for `schema.outbox`, bound
-/// as [`claim_sql`] binds it.
+/// A claim statement (`sql`, outboxd's with its ordering placeholders filled)
+/// for `schema.outbox`, bound as [`claim_sql`] binds it.
 pub fn bind_claim(sql: &str, schema: &str) -> String {
     sql.replace("{table}", &format!("\"{schema}\".\"outbox\""))
         .replace("{leases}", &format!("\"{schema}\".\"{}\"", db::LEASES))

@@ -228,8 +228,13 @@ pub fn install_subscriber(
 /// conventions; `kind` is `server` or `client`. The handler records `outbox`,
 /// `worker_id`, `lease_id` and `batch_size`, and the status when it is known.
 pub fn rpc_span(kind: &'static str, method: &str) -> tracing::Span {
+    service_rpc_span(kind, "outbox.v1.OutboxService", method)
+}
+
+/// [`rpc_span`] for a method of another service of the API (`outbox.v1.OutboxAdmin`).
+pub fn service_rpc_span(kind: &'static str, service: &str, method: &str) -> tracing::Span {
     use tracing::field::Empty;
-    let full = format!("outbox.v1.OutboxService/{method}");
+    let full = format!("{service}/{method}");
     tracing::info_span!(
         "rpc",
         otel.name = %full,

@@ -39,7 +39,12 @@ impl Extractor for MetadataExtractor<'_> {
 /// The server span of one RPC, child of the caller's trace when it sent one.
 /// `outbox`, `worker_id`, `lease_id` and `batch_size` are recorded by the handler.
 pub fn server_span<T>(method: &'static str, request: &Request<T>) -> Span {
-    let span = telemetry::rpc_span("server", method);
+    service_span("outbox.v1.OutboxService", method, request)
+}
+
+/// [`server_span`] for a method of another service (`outbox.v1.OutboxAdmin`).
+pub fn service_span<T>(service: &str, method: &'static str, request: &Request<T>) -> Span {
+    let span = telemetry::service_rpc_span("server", service, method);
     let parent =
         global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(request.metadata())));
     let _ = span.set_parent(parent);

@@ -14,8 +14,10 @@ use super::pb;
 use crate::{
     FieldViolation,
     lease::{
-        AckRequest, ClaimRequest, ExtendRequest, LeaseId, Limits, MAX_CARRIED_ACKS, MessageId,
-        NackRequest, OutboxName, StatsRequest, WorkerId, clean_error,
+        AckRequest, BlockedKeysRequest, ClaimRequest, DEFAULT_PAGE_SIZE, DeadLettersRequest,
+        DiscardRequest, ExtendRequest, LeaseId, Limits, MAX_AGGREGATE_ID_BYTES, MAX_CARRIED_ACKS,
+        MAX_PAGE_SIZE, MessageId, NackRequest, OutboxName, PageRequest, RedriveRequest,
+        RedriveSelector, StatsRequest, WorkerId, clean_error,
     },
 };
 
@@ -122,6 +124,107 @@ impl Parse for pb::ExtendLeaseRequest {
         })
     }
 }
+
+impl Parse for pb::ListDeadLettersRequest {
+    type Request = DeadLettersRequest;
+
+    fn parse(&self, _: &Limits) -> Result<DeadLettersRequest, Vec<FieldViolation>> {
+        let mut check = Check::default();
+        let page = check.page(self.page_size, &self.page_token);
+        let aggregate_id = check.aggregate(&self.aggregate_id);
+        check.finish(|| {
+            Some(DeadLettersRequest {
+                outbox: OutboxName::from_wire(&self.outbox),
+                aggregate_id: aggregate_id?,
+                page: page?,
+            })
+        })
+    }
+}
+
+impl Parse for pb::ListBlockedKeysRequest {
+    type Request = BlockedKeysRequest;
+
+    fn parse(&self, _: &Limits) -> Result<BlockedKeysRequest, Vec<FieldViolation>> {
+        let mut check = Check::default();
+        let page = check.page(self.page_size, &self.page_token);
+        check.finish(|| {
+            Some(BlockedKeysRequest {
+                outbox: OutboxName::from_wire(&self.outbox),
+                page: page?,
+            })
+        })
+    }
+}
+
+impl Parse for pb::RedriveRequest {
+    type Request = RedriveRequest;
+
+    /// Exactly one selector; with more than one, each one set is named.
+    fn parse(&self, limits: &Limits) -> Result<RedriveRequest, Vec<FieldViolation>> {
+        const EXACTLY_ONE: &str = "exactly one of message_ids, aggregate_id, all must be set";
+        let mut check = Check::default();
+        let set: Vec<&str> = [
+            ("message_ids", !self.message_ids.is_empty()),
+            ("aggregate_id", !self.aggregate_id.is_empty()),
+            ("all", self.all),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        let selector = match set.as_slice() {
+            [] => {
+                check.refuse("message_ids", EXACTLY_ONE);
+                None
+            }
+            ["message_ids"] => Some(RedriveSelector::Ids(check.ids(
+                &self.message_ids,
+                true,
+                limits,
+            ))),
+            ["aggregate_id"] => check
+                .aggregate(&self.aggregate_id)
+                .flatten()
+                .map(RedriveSelector::Aggregate),
+            ["all"] => Some(RedriveSelector::All),
+            several => {
+                for name in several {
+                    check.refuse(name, EXACTLY_ONE);
+                }
+                None
+            }
+        };
+        check.finish(|| {
+            Some(RedriveRequest {
+                outbox: OutboxName::from_wire(&self.outbox),
+                selector: selector?,
+            })
+        })
+    }
+}
+
+impl Parse for pb::DiscardRequest {
+    type Request = DiscardRequest;
+
+    fn parse(&self, limits: &Limits) -> Result<DiscardRequest, Vec<FieldViolation>> {
+        let mut check = Check::default();
+        let message_ids = check.ids(&self.message_ids, true, limits);
+        check.finish(|| {
+            Some(DiscardRequest {
+                outbox: OutboxName::from_wire(&self.outbox),
+                message_ids,
+            })
+        })
+    }
+}
+
+/// The position a list response hands out as `next_page_token`: opaque to
+/// clients, versioned so its form can change.
+pub fn page_token(after: i64) -> String {
+    format!("{PAGE_TOKEN_PREFIX}{after}")
+}
+
+const PAGE_TOKEN_PREFIX: &str = "p1.";
 
 impl From<&pb::GetStatsRequest> for StatsRequest {
     fn from(req: &pb::GetStatsRequest) -> Self {
@@ -279,6 +382,47 @@ impl Check {
             }));
         }
         parsed
+    }
+
+    /// A list call's page: its size (0 = the default) and where it starts.
+    fn page(&mut self, size: u32, token: &str) -> Option<PageRequest> {
+        let size = match size {
+            0 => Some(DEFAULT_PAGE_SIZE),
+            1..=MAX_PAGE_SIZE => Some(size),
+            _ => {
+                self.refuse("page_size", format!("must be at most {MAX_PAGE_SIZE}"));
+                None
+            }
+        };
+        let after = if token.is_empty() {
+            Some(None)
+        } else {
+            let parsed = token
+                .strip_prefix(PAGE_TOKEN_PREFIX)
+                .and_then(|seq| seq.parse::<i64>().ok());
+            self.field(
+                "page_token",
+                parsed
+                    .map(Some)
+                    .ok_or("not a page token this server handed out"),
+            )
+        };
+        Some(PageRequest {
+            size: size?,
+            after: after?,
+        })
+    }
+
+    /// An optional aggregate id: `Some(None)` when empty.
+    fn aggregate(&mut self, raw: &str) -> Option<Option<String>> {
+        if raw.len() > MAX_AGGREGATE_ID_BYTES {
+            self.refuse(
+                "aggregate_id",
+                format!("must be at most {MAX_AGGREGATE_ID_BYTES} bytes"),
+            );
+            return None;
+        }
+        Some((!raw.is_empty()).then(|| raw.to_owned()))
     }
 
     fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, Vec<FieldViolation>> {
@@ -546,5 +690,87 @@ mod tests {
         assert_eq!(within_deadline(wait, &md), Duration::from_millis(4800));
         md.insert("grpc-timeout", "100m".parse().expect("ascii"));
         assert_eq!(within_deadline(wait, &md), Duration::ZERO);
+    }
+
+    #[test]
+    fn redrive_takes_exactly_one_selector_and_names_each_conflict() {
+        let limits = default_limits();
+        let none = pb::RedriveRequest::default();
+        assert_eq!(
+            fields(none.parse(&limits).expect_err("none")),
+            ["message_ids"]
+        );
+        let three = pb::RedriveRequest {
+            message_ids: vec![ID.into()],
+            aggregate_id: "a".into(),
+            all: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(three.parse(&limits).expect_err("three")),
+            ["message_ids", "aggregate_id", "all"]
+        );
+        let bad_id = pb::RedriveRequest {
+            message_ids: vec![ID.into(), "nope".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(bad_id.parse(&limits).expect_err("bad id")),
+            ["message_ids[1]"]
+        );
+        let all = pb::RedriveRequest {
+            all: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            all.parse(&limits).expect("all").selector,
+            RedriveSelector::All
+        );
+        let aggregate = pb::RedriveRequest {
+            aggregate_id: "order-7".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            aggregate.parse(&limits).expect("aggregate").selector,
+            RedriveSelector::Aggregate("order-7".into())
+        );
+    }
+
+    #[test]
+    fn pages_have_bounds_and_tokens_round_trip() {
+        let limits = default_limits();
+        let first = pb::ListDeadLettersRequest::default()
+            .parse(&limits)
+            .expect("defaults");
+        assert_eq!(
+            first.page,
+            PageRequest {
+                size: DEFAULT_PAGE_SIZE,
+                after: None
+            }
+        );
+        let next = pb::ListBlockedKeysRequest {
+            page_size: MAX_PAGE_SIZE,
+            page_token: page_token(-42),
+            ..Default::default()
+        }
+        .parse(&limits)
+        .expect("a token we made");
+        assert_eq!(next.page.after, Some(-42));
+        let bad = pb::ListDeadLettersRequest {
+            page_size: MAX_PAGE_SIZE + 1,
+            page_token: "42".into(),
+            aggregate_id: "x".repeat(MAX_AGGREGATE_ID_BYTES + 1),
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(bad.parse(&limits).expect_err("bad")),
+            ["page_size", "page_token", "aggregate_id"]
+        );
+        let discard = pb::DiscardRequest::default();
+        assert_eq!(
+            fields(discard.parse(&limits).expect_err("empty")),
+            ["message_ids"]
+        );
     }
 }

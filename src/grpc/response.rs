@@ -3,7 +3,11 @@
 use chrono::{DateTime, Utc};
 
 use super::pb;
-use crate::lease::{ClaimedBatch, ClaimedMessage, MessageResult, Outcome, Settled, Stats};
+use super::request::page_token;
+use crate::lease::{
+    BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, MessageResult, Outcome, Page, Settled,
+    Stats,
+};
 
 /// What ClaimBatch answers: the outcomes of the acks it carried, and the batch
 /// (no lease id, expiry or messages when nothing was claimed).
@@ -73,6 +77,43 @@ impl From<Stats> for pb::GetStatsResponse {
             dead_lettered: s.dead_lettered,
             oldest_pending_age: Some(duration(s.oldest_pending_age)),
             published_retained: s.published_retained,
+            blocked_keys: s.blocked_keys,
+            oldest_blocked_age: Some(duration(s.oldest_blocked_age)),
+        }
+    }
+}
+
+impl From<Page<DeadLetter>> for pb::ListDeadLettersResponse {
+    fn from(page: Page<DeadLetter>) -> Self {
+        Self {
+            dead_letters: page
+                .items
+                .into_iter()
+                .map(|d| pb::DeadLetter {
+                    message: Some(d.message.into()),
+                    last_error: d.last_error,
+                    dead_lettered_at: Some(timestamp(d.dead_lettered_at)),
+                })
+                .collect(),
+            next_page_token: page.next.map(page_token).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<Page<BlockedKey>> for pb::ListBlockedKeysResponse {
+    fn from(page: Page<BlockedKey>) -> Self {
+        Self {
+            blocked_keys: page
+                .items
+                .into_iter()
+                .map(|k| pb::BlockedKey {
+                    aggregate_id: k.aggregate_id,
+                    head_message_id: k.head.to_string(),
+                    blocked_since: Some(timestamp(k.blocked_since)),
+                    held: k.held,
+                })
+                .collect(),
+            next_page_token: page.next.map(page_token).unwrap_or_default(),
         }
     }
 }

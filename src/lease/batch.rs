@@ -75,4 +75,11 @@ pub struct Stats {
     pub oldest_pending_age: std::time::Duration,
     pub oldest_lease_age: std::time::Duration,
     pub published_retained: u64,
+    /// Aggregates held back behind a dead-lettered head (ordered outboxes
+    /// under `poison=block`), and how long the longest-held one has waited.
+    pub blocked_keys: u64,
+    pub oldest_blocked_age: std::time::Duration,
+    /// How long the commit-order guard of an ordered outbox has been holding
+    /// new events back for transactions still open (zero when it is not).
+    pub commit_order_holdback: std::time::Duration,
 }

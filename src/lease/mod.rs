@@ -5,6 +5,7 @@
 //! `grpc` parses wire requests into these types and `store` executes them, so the
 //! rules are decided here once and unit-tested without a database.
 
+mod admin;
 mod batch;
 mod ids;
 mod limits;
@@ -12,6 +13,11 @@ mod outcome;
 mod request;
 
 pub use crate::backoff::BackoffPolicy;
+pub use admin::{
+    BlockedKey, BlockedKeysRequest, DEFAULT_PAGE_SIZE, DeadLetter, DeadLettersRequest,
+    DiscardRequest, MAX_AGGREGATE_ID_BYTES, MAX_PAGE_SIZE, Page, PageRequest, RedriveRequest,
+    RedriveSelector,
+};
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use limits::{

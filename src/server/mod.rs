@@ -19,11 +19,14 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use crate::{
     config::Config,
     grpc::{
-        OutboxApi,
-        pb::{self, outbox_service_server::OutboxServiceServer},
+        AdminApi, OutboxApi,
+        pb::{
+            self, outbox_admin_server::OutboxAdminServer,
+            outbox_service_server::OutboxServiceServer,
+        },
     },
     metrics::{self, Metrics, ServerMetrics},
-    service::{OutboxService, Outboxes},
+    service::{AdminService, OutboxService, Outboxes},
     store::{self, AdoptMode, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
     watch,
@@ -31,6 +34,8 @@ use crate::{
 
 /// The health-service name readiness probes ask about.
 pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>::NAME;
+/// The operators' service, on the same port.
+pub const ADMIN_SERVICE_NAME: &str = <OutboxAdminServer<AdminApi> as NamedService>::NAME;
 
 /// A server whose database is ready and whose ports are bound, not yet serving.
 pub struct Server {
@@ -100,9 +105,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let outboxes = Outboxes::new(store.outboxes());
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_service_status(SERVICE_NAME, ServingStatus::Serving)
-            .await;
+        health::set_health(&health, ServingStatus::Serving).await;
         let metrics = Metrics::new("outboxd")?;
         let server_metrics = ServerMetrics::new(&metrics);
 
@@ -150,6 +153,11 @@ impl Server {
             ),
         );
 
+        let admin = AdminApi::new(
+            AdminService::new(outboxes.clone()),
+            config.limits.clone(),
+            server_metrics.clone(),
+        );
         let service = OutboxService::new(
             outboxes,
             config.poll_interval,
@@ -158,7 +166,7 @@ impl Server {
         );
         let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
         let stop_accepting = CancellationToken::new();
-        let grpc = spawn_grpc(api, health_service, listener, stop_accepting.clone())?;
+        let grpc = spawn_grpc(api, admin, health_service, listener, stop_accepting.clone())?;
         tracing::info!(%addr, outboxes = ?store.specs().map(|s| s.name.as_str()).collect::<Vec<_>>(), "serving");
 
         let mut running = Running {
@@ -232,9 +240,11 @@ impl Running {
 }
 
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
-/// API, health, and reflection (both versions, for old and new grpcurl).
+/// API and its admin service, health, and reflection (both versions, for old
+/// and new grpcurl).
 fn spawn_grpc<H>(
     api: OutboxApi,
+    admin: AdminApi,
     health_service: H,
     listener: TcpListener,
     stop_accepting: CancellationToken,
@@ -265,7 +275,8 @@ where
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(OutboxServiceServer::new(api));
+        .add_service(OutboxServiceServer::new(api))
+        .add_service(OutboxAdminServer::new(admin));
     Ok(tokio::spawn(router.serve_with_incoming_shutdown(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         stop_accepting.cancelled_owned(),

@@ -17,13 +17,16 @@ pub use error::StoreError;
 pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgOutbox, PgStore, connect};
 
 use crate::{
-    lease::{AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, NackRequest, Settled, Stats},
+    lease::{
+        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest, MessageId,
+        NackRequest, Page, PageRequest, RedriveSelector, Settled, Stats,
+    },
     outbox::OutboxSpec,
 };
 
 /// A storage backend: the outboxes it serves and its health.
 pub trait Store: Clone + Send + Sync + 'static {
-    type Outbox: OutboxStore + Arrivals;
+    type Outbox: OutboxStore + Arrivals + AdminStore;
 
     /// One handle per configured outbox, in configuration order.
     fn outboxes(&self) -> Vec<Self::Outbox>;
@@ -67,6 +70,36 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     /// Deletes up to `limit` published rows older than the retention; returns
     /// how many went, so the caller goes on while batches come back full.
     fn purge_published(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Operators' access to one outbox: what is dead-lettered or blocked, and
+/// getting it moving again. Apart from [`OutboxStore`] because it serves a
+/// different caller (OutboxAdmin, authorised apart from relay workers).
+pub trait AdminStore: Send + Sync + 'static {
+    /// Dead letters (not discarded) in sequence order, only `aggregate_id`'s
+    /// when given.
+    fn dead_letters(
+        &self,
+        aggregate_id: Option<&str>,
+        page: PageRequest,
+    ) -> impl Future<Output = Result<Page<DeadLetter>, StoreError>> + Send;
+
+    /// Aggregates held back behind a dead-lettered head, in the order of the
+    /// heads' sequence; none unless the outbox is ordered with poison=block.
+    fn blocked_keys(
+        &self,
+        page: PageRequest,
+    ) -> impl Future<Output = Result<Page<BlockedKey>, StoreError>> + Send;
+
+    /// Makes the selected dead letters deliverable again (attempts reset,
+    /// sequence kept); returns how many were.
+    fn redrive(
+        &self,
+        selector: &RedriveSelector,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Gives the named dead letters up for good; returns how many were.
+    fn discard(&self, ids: &[MessageId]) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// How an outbox's new rows are noticed: by probing, from outboxd's side, so

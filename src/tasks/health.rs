@@ -5,12 +5,16 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{server::SERVICE_NAME, store::Store};
+use crate::{
+    server::{ADMIN_SERVICE_NAME, SERVICE_NAME},
+    store::Store,
+};
 
-/// Sets both the overall status and outboxd's own service.
+/// Sets the overall status and that of each of outboxd's services.
 pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
     health.set_service_status(SERVICE_NAME, status).await;
+    health.set_service_status(ADMIN_SERVICE_NAME, status).await;
 }
 
 /// SERVING only while the database answers; stops at shutdown so nothing flips

@@ -10,7 +10,7 @@ use outboxd::{
         AckRequest, ClaimRequest, ClaimedBatch, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
         ExtendRequest, LeaseId, MessageId, NackRequest, OutboxName, Outcome, Settled, WorkerId,
     },
-    outbox::{OutboxPolicy, OutboxSpec, TableRef},
+    outbox::{Ordering, OutboxPolicy, OutboxSpec, TableRef},
     store::{self, AdoptMode, Arrivals, ConnectSettings, OutboxStore, PgStore, Store},
 };
 use tokio_util::sync::CancellationToken;
@@ -77,6 +77,7 @@ async fn fixture<B: Backend>(policy: OutboxPolicy) -> Fixture<B::Store> {
         name: OutboxName::DEFAULT.to_owned(),
         table: table(),
         policy,
+        ordering: Ordering::None,
     };
     let store = B::open(&db, &[spec]).await;
     let outbox = store.outboxes().remove(0);

@@ -9,11 +9,15 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::{
     schema::{
         self, FILLFACTOR, OBSOLETE_INDEXES, OBSOLETE_TRIGGER, PRODUCER_TYPES, add_columns,
-        create_leases, create_table, drop_index, drop_trigger, service_columns,
+        add_lease_aggregate, create_leases, create_table, drop_index, drop_trigger,
+        service_columns,
     },
     statements::leases_table,
 };
-use crate::{outbox::TableRef, store::StoreError};
+use crate::{
+    outbox::{OutboxSpec, TableRef},
+    store::StoreError,
+};
 
 /// Whether start-up may change a table or only check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +35,10 @@ const ADOPT_LOCK: i64 = 0x006f_7574_626f_7864;
 
 pub(crate) async fn adopt(
     pool: &PgPool,
-    table: &TableRef,
+    spec: &OutboxSpec,
     mode: AdoptMode,
 ) -> Result<(), StoreError> {
+    let table = &spec.table;
     let mut conn = pool.acquire().await?;
     // DDL on a large table (an index built concurrently, a rewrite adding
     // `seq`) runs longer than any RPC's statement: no statement timeout here,
@@ -49,7 +54,7 @@ pub(crate) async fn adopt(
     if mode == AdoptMode::Create {
         lock_adoption(&mut conn).await?;
     }
-    let result = adopt_locked(&mut conn, table, mode).await;
+    let result = adopt_locked(&mut conn, table, spec.ordering.is_ordered(), mode).await;
     if mode == AdoptMode::Create {
         // Unlock even after a failure; a broken connection drops the lock anyway.
         let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -80,6 +85,7 @@ async fn lock_adoption(conn: &mut PgConnection) -> Result<(), StoreError> {
 async fn adopt_locked(
     conn: &mut PgConnection,
     table: &TableRef,
+    ordered: bool,
     mode: AdoptMode,
 ) -> Result<(), StoreError> {
     let quoted = table.quoted();
@@ -153,7 +159,12 @@ async fn adopt_locked(
         run(conn, ddl).await?;
     }
 
-    for index in schema::indexes() {
+    let ordered_indexes = if ordered {
+        schema::ordered_indexes()
+    } else {
+        &[]
+    };
+    for index in schema::indexes().iter().chain(ordered_indexes) {
         let name = index.name(table);
         let valid = index_valid(conn, &quoted, &name).await?;
         if valid == Some(true) {
@@ -202,13 +213,24 @@ async fn adopt_locked(
         AdoptMode::Create => {
             if has_leases.is_none() {
                 tracing::info!(%table, leases = %leases, "creating the lease table");
+            } else if !has_column(conn, &leases, "aggregate_id").await? {
+                run(conn, add_lease_aggregate(table)).await?;
             }
             run(conn, create_leases(table)).await?;
         }
         AdoptMode::Verify if has_leases.is_none() => {
             return Err(missing_gap(format!("has no lease table {leases}")));
         }
-        AdoptMode::Verify => {}
+        AdoptMode::Verify => {
+            if ordered && !has_column(conn, &leases, "aggregate_id").await? {
+                return Err(missing_gap(format!(
+                    "has a lease table {leases} without the aggregate_id column ordered outboxes need"
+                )));
+            }
+        }
+    }
+    if ordered {
+        check_ordered_sequence(conn, table).await?;
     }
 
     if mode == AdoptMode::Create {
@@ -281,6 +303,48 @@ async fn drop_notify_trigger(
             tracing::warn!(%table, trigger = OBSOLETE_TRIGGER, error = %err, "could not drop the wake-up trigger of an earlier release (it slows producers' commits); the next start tries again");
             Ok(())
         }
+    }
+}
+
+/// Whether `relation` (quoted) has the column.
+async fn has_column(
+    conn: &mut PgConnection,
+    relation: &str,
+    column: &str,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass \
+         AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(relation)
+    .bind(column)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// An ordered outbox's commit-order guard reads how far the table's `seq`
+/// sequence has gone, so `seq` must come from one sequence that hands out its
+/// values in the order they are drawn: a sequence cache above 1 lets one
+/// session insert a value long after others drew higher ones.
+async fn check_ordered_sequence(
+    conn: &mut PgConnection,
+    table: &TableRef,
+) -> Result<(), StoreError> {
+    let cache: Option<i64> = sqlx::query_scalar(
+        "SELECT s.seqcache FROM pg_sequence s \
+         WHERE s.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass",
+    )
+    .bind(table.quoted())
+    .fetch_optional(&mut *conn)
+    .await?;
+    match cache {
+        None => Err(StoreError::Schema(format!(
+            "table {table}: ordering=aggregate needs seq to be drawn from its own sequence (an identity column or serial), which outboxd probes to keep commit order"
+        ))),
+        Some(cache) if cache > 1 => Err(StoreError::Schema(format!(
+            "table {table}: ordering=aggregate needs the seq sequence's CACHE to be 1 (it is {cache}): cached values are inserted out of the order they were drawn"
+        ))),
+        Some(_) => Ok(()),
     }
 }
 

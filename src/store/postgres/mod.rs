@@ -5,6 +5,7 @@
 mod adopt;
 mod connect;
 mod error;
+mod guard;
 mod outbox;
 mod rows;
 mod schema;
@@ -40,7 +41,7 @@ impl PgStore {
     ) -> Result<Self, StoreError> {
         let mut outboxes = Vec::with_capacity(specs.len());
         for spec in specs {
-            adopt::adopt(&pool, &spec.table, mode).await?;
+            adopt::adopt(&pool, spec, mode).await?;
             outboxes.push(PgOutbox::prepare(&pool, spec).await?);
         }
         Ok(Self {

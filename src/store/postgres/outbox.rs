@@ -6,21 +6,23 @@ use sqlx::{AssertSqlSafe, PgPool, Row, postgres::types::Oid};
 use uuid::Uuid;
 
 use super::{
-    rows::{claimed_batch, settle_results, stats_of},
-    session::Session,
-    statements::Statements,
+    guard::{CommitOrderGuard, GRACE, Probe},
+    rows::{blocked_key, claimed_batch, dead_letter, settle_results, stats_of},
+    session::{Session, StatementConn},
+    statements::{Statements, leases_table},
 };
 use crate::{
     lease::{
-        AckRequest, ClaimRequest, ClaimedBatch, ExtendRequest, LeaseId, MessageId, NackRequest,
-        Settle, Settled, Stats,
+        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest, LeaseId,
+        MessageId, NackRequest, Page, PageRequest, RedriveSelector, Settle, Settled, Stats,
     },
     outbox::OutboxSpec,
-    store::{Arrivals, OutboxStore, StoreError},
+    store::{AdminStore, Arrivals, OutboxStore, StoreError},
 };
 
 const WATCH: &str = include_str!("queries/watch.sql");
 const PROBE: &str = include_str!("queries/probe.sql");
+const GUARD: &str = include_str!("queries/guard.sql");
 
 /// How many times a claim looks when concurrent claims took every row it chose.
 const CLAIM_LOOKS: u32 = 3;
@@ -33,7 +35,8 @@ struct Prepared {
     /// The sequence behind the table's seq column, when it can be probed.
     sequence: Option<Oid>,
     /// Held by the claim statement running for this outbox: see `claim`.
-    claiming: tokio::sync::Mutex<()>,
+    /// An ordered outbox's commit-order guard lives under it.
+    claiming: tokio::sync::Mutex<CommitOrderGuard>,
 }
 
 /// One PostgreSQL outbox. Cheap to clone; all clones share one pool.
@@ -47,7 +50,7 @@ impl PgOutbox {
     /// Builds the outbox's statements and resolves its table's ids. The table
     /// must have been adopted or verified.
     pub(super) async fn prepare(pool: &PgPool, spec: &OutboxSpec) -> Result<Self, StoreError> {
-        let sql = Statements::new(&spec.table, spec.policy.retention.is_zero());
+        let sql = Statements::new(&spec.table, spec.policy.retention.is_zero(), spec.ordering);
         let ids = sqlx::query(WATCH)
             .bind(spec.table.quoted())
             .fetch_one(pool)
@@ -57,7 +60,7 @@ impl PgOutbox {
                 spec: spec.clone(),
                 sql,
                 sequence: ids.try_get("sequence")?,
-                claiming: tokio::sync::Mutex::new(()),
+                claiming: tokio::sync::Mutex::new(CommitOrderGuard::default()),
             }),
             session: Session::new(pool.clone()),
         })
@@ -102,6 +105,33 @@ impl PgOutbox {
         stats_of(&row)
     }
 
+    /// Probes the commit-order guard (`guard.rs`) of an ordered outbox: the
+    /// `seq` up to which fresh events may be handed out now.
+    async fn guard_bound(
+        &self,
+        guard: &mut CommitOrderGuard,
+        conn: &mut StatementConn,
+    ) -> Result<i64, StoreError> {
+        let Some(sequence) = self.prepared.sequence else {
+            return Err(StoreError::Schema(format!(
+                "table {}: ordering=aggregate needs a probeable seq sequence",
+                self.prepared.spec.table
+            )));
+        };
+        let sent = tokio::time::Instant::now();
+        let row = self
+            .session
+            .bounded(sqlx::query(GUARD).bind(sequence).fetch_one(&mut **conn))
+            .await?;
+        Ok(guard.observe(Probe {
+            last_value: row.try_get("last_value")?,
+            xmin: row.try_get("xmin")?,
+            xmax: row.try_get("xmax")?,
+            sent,
+            answered: tokio::time::Instant::now(),
+        }))
+    }
+
     fn max_attempts(&self) -> i32 {
         i32::try_from(self.prepared.spec.policy.max_attempts).unwrap_or(i32::MAX)
     }
@@ -127,27 +157,40 @@ impl OutboxStore for PgOutbox {
     /// backlog waiting.
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
         let lease_id = LeaseId::generate();
-        let _turn = self.prepared.claiming.lock().await;
+        let ordered = self.prepared.spec.ordering.is_ordered();
+        let mut guard = self.prepared.claiming.lock().await;
         let mut conn = self.session.conn().await?;
         let mut looks = 0;
+        let mut waited_for_guard = false;
         let batch = loop {
             looks += 1;
-            let rows = self
-                .session
-                .bounded(
-                    sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
-                        .bind(i64::from(req.max_messages))
-                        .bind(lease_id.as_uuid())
-                        .bind(req.lease)
-                        .bind(req.worker_id.as_str())
-                        .bind(self.max_attempts())
-                        .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
-                        .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
-                        .fetch_all(&mut *conn),
-                )
-                .await?;
+            let bound = if ordered {
+                Some(self.guard_bound(&mut guard, &mut conn).await?)
+            } else {
+                None
+            };
+            let mut query = sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
+                .bind(i64::from(req.max_messages))
+                .bind(lease_id.as_uuid())
+                .bind(req.lease)
+                .bind(req.worker_id.as_str())
+                .bind(self.max_attempts())
+                .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
+                .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX));
+            if let Some(bound) = bound {
+                query = query.bind(bound);
+            }
+            let rows = self.session.bounded(query.fetch_all(&mut *conn)).await?;
             let (batch, lost) = claimed_batch(lease_id, rows)?;
             let nothing = batch.messages.is_empty() && batch.dead_lettered.is_empty();
+            if nothing && ordered && !waited_for_guard && guard.behind() {
+                // Events the guard could not vouch for yet may be all there
+                // is (just inserted, or the first claim since start): one
+                // grace later it can, unless a transaction is still open.
+                waited_for_guard = true;
+                tokio::time::sleep(GRACE).await;
+                continue;
+            }
             if !(nothing && lost > 0 && looks < CLAIM_LOOKS) {
                 break batch;
             }
@@ -269,8 +312,15 @@ impl OutboxStore for PgOutbox {
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
+        let mut stats = stats_of(&row)?;
+        if self.prepared.spec.ordering.is_ordered() {
+            // Probed here too, so the gauge moves on when no claim runs.
+            let mut guard = self.prepared.claiming.lock().await;
+            self.guard_bound(&mut guard, &mut conn).await?;
+            stats.commit_order_holdback = guard.holdback(tokio::time::Instant::now());
+        }
         conn.finish();
-        stats_of(&row)
+        Ok(stats)
     }
 
     async fn purge_published(&self, limit: u32) -> Result<u64, StoreError> {
@@ -287,6 +337,119 @@ impl OutboxStore for PgOutbox {
         conn.finish();
         Ok(done.rows_affected())
     }
+}
+
+impl AdminStore for PgOutbox {
+    async fn dead_letters(
+        &self,
+        aggregate_id: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<DeadLetter>, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let rows = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().dead_letters.clone()))
+                    .bind(page.after.unwrap_or(i64::MIN))
+                    .bind(aggregate_id)
+                    .bind(i64::from(page.size) + 1)
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        let items = rows
+            .iter()
+            .map(dead_letter)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(paged(items, page.size, |d| d.message.sequence))
+    }
+
+    async fn blocked_keys(&self, page: PageRequest) -> Result<Page<BlockedKey>, StoreError> {
+        let Some(sql) = &self.sql().blocked_keys else {
+            return Ok(Page {
+                items: Vec::new(),
+                next: None,
+            });
+        };
+        let mut conn = self.session.conn().await?;
+        let rows = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(page.after.unwrap_or(i64::MIN))
+                    .bind(i64::from(page.size) + 1)
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        let items = rows
+            .iter()
+            .map(blocked_key)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(paged(items, page.size, |k| k.sequence))
+    }
+
+    /// On an ordered outbox, a redriven head must not go out beside a later
+    /// event of its aggregate that another replica's claim is leasing at this
+    /// moment (it saw the head still dead-lettered). The lease table is
+    /// locked against writers for the redrive's short transaction: claims
+    /// running now finish first, so the redrive's commit happens after their
+    /// leases are visible, and claims starting later see the redriven head.
+    async fn redrive(&self, selector: &RedriveSelector) -> Result<u64, StoreError> {
+        let sql = self.sql();
+        let query = match selector {
+            RedriveSelector::Ids(ids) => {
+                sqlx::query(AssertSqlSafe(sql.redrive_ids.clone())).bind(uuids(ids))
+            }
+            RedriveSelector::Aggregate(aggregate) => {
+                sqlx::query(AssertSqlSafe(sql.redrive_aggregate.clone())).bind(aggregate.clone())
+            }
+            RedriveSelector::All => sqlx::query(AssertSqlSafe(sql.redrive_all.clone())),
+        };
+        let mut conn = self.session.conn().await?;
+        let done = if self.prepared.spec.ordering.is_ordered() {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "LOCK TABLE {} IN SHARE MODE",
+                leases_table(&self.prepared.spec.table)
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let done = self.session.bounded(query.execute(&mut *tx)).await?;
+            tx.commit().await?;
+            done
+        } else {
+            self.session.bounded(query.execute(&mut *conn)).await?
+        };
+        conn.finish();
+        Ok(done.rows_affected())
+    }
+
+    async fn discard(&self, ids: &[MessageId]) -> Result<u64, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let done = self
+            .session
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().discard.clone()))
+                    .bind(uuids(ids))
+                    .execute(&mut *conn),
+            )
+            .await?;
+        conn.finish();
+        Ok(done.rows_affected())
+    }
+}
+
+/// A page from `size + 1` rows read: the extra one only says a next page exists.
+fn paged<T>(mut items: Vec<T>, size: u32, position: impl Fn(&T) -> i64) -> Page<T> {
+    let size = size as usize;
+    let next = if items.len() > size {
+        items.truncate(size);
+        items.last().map(&position)
+    } else {
+        None
+    };
+    Page { items, next }
 }
 
 impl Arrivals for PgOutbox {

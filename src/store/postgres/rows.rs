@@ -12,8 +12,8 @@ use uuid::Uuid;
 
 use crate::{
     lease::{
-        ClaimedBatch, ClaimedMessage, EndedLease, LeaseId, MessageId, MessageResult, RowState,
-        Settle, Settled, Stats,
+        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, EndedLease, LeaseId, MessageId,
+        MessageResult, RowState, Settle, Settled, Stats,
     },
     store::StoreError,
 };
@@ -72,6 +72,29 @@ pub(super) fn claimed_batch(
     Ok((batch, lost))
 }
 
+/// A row of `dead_letters.sql`.
+pub(super) fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
+    let id: Uuid = row.try_get("id")?;
+    Ok(DeadLetter {
+        message: claimed_message(id, row)?,
+        last_error: row
+            .try_get::<Option<String>, _>("last_error")?
+            .unwrap_or_default(),
+        dead_lettered_at: row.try_get("dead_lettered_at")?,
+    })
+}
+
+/// A row of `blocked_keys.sql`.
+pub(super) fn blocked_key(row: &PgRow) -> Result<BlockedKey, StoreError> {
+    Ok(BlockedKey {
+        aggregate_id: row.try_get("aggregate_id")?,
+        head: row.try_get("id")?,
+        blocked_since: row.try_get("since")?,
+        held: u64::try_from(row.try_get::<i64, _>("held")?).unwrap_or(0),
+        sequence: row.try_get("seq")?,
+    })
+}
+
 fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> {
     let headers: serde_json::Value = row.try_get("headers")?;
     let attempts: i32 = row.try_get("attempts")?;
@@ -103,6 +126,9 @@ pub(super) fn stats_of(row: &PgRow) -> Result<Stats, StoreError> {
         oldest_pending_age: age("oldest_pending_secs")?,
         oldest_lease_age: age("oldest_lease_secs")?,
         published_retained: count("published_retained")?,
+        blocked_keys: count("blocked_keys")?,
+        oldest_blocked_age: age("oldest_blocked_secs")?,
+        commit_order_holdback: Duration::ZERO,
     })
 }
 

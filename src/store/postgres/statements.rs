@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::strip_comments;
-use crate::outbox::TableRef;
+use crate::outbox::{Ordering, Poison, TableRef};
 
 const CLAIM: &str = include_str!("queries/claim.sql");
 const SETTLE_ROWS: &str = include_str!("queries/settle_rows.sql");
@@ -15,6 +15,26 @@ const NACK: &str = include_str!("queries/nack.sql");
 const EXTEND: &str = include_str!("queries/extend.sql");
 const STATS: &str = include_str!("queries/stats.sql");
 const PURGE: &str = include_str!("queries/purge.sql");
+const BLOCKED: &str = include_str!("queries/blocked.sql");
+const BLOCKED_KEYS: &str = include_str!("queries/blocked_keys.sql");
+const DEAD_LETTERS: &str = include_str!("queries/dead_letters.sql");
+const REDRIVE: &str = include_str!("queries/redrive.sql");
+const DISCARD: &str = include_str!("queries/discard.sql");
+
+/// What keeps an ordered claim to each aggregate's head, in both parts of the
+/// claim (`claim.sql`): no earlier event of the aggregate still unsettled
+/// ({parked}: under poison=park a dead-lettered one no longer counts), and no
+/// other event of it under a live lease. One probe of the aggregate index and
+/// one of the lease table's per row considered (OFFSET 0 keeps each a
+/// per-row subplan, as for the lease probe in `claim.sql`).
+const HEAD_ONLY: &str = "AND NOT EXISTS (SELECT 1 FROM {table} AS p
+                      WHERE p.aggregate_id = o.aggregate_id AND p.seq < o.seq
+                        AND p.published_at IS NULL AND p.discarded_at IS NULL{parked}
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM {leases} AS x
+                      WHERE x.aggregate_id = o.aggregate_id::text
+                        AND x.locked_until > now() AND x.id <> o.id
+                      OFFSET 0)";
 
 const BY_ID: &str = "o.id = ANY($2::uuid[])";
 /// ExtendLease without ids: every row still held under the lease.
@@ -34,16 +54,53 @@ pub(crate) struct Statements {
     /// `stats` without the count of retained history, for the metrics sampler.
     pub gauges: Arc<str>,
     pub purge: Arc<str>,
+    /// One page of dead letters (`dead_letters.sql`).
+    pub dead_letters: Arc<str>,
+    /// One page of blocked aggregates; `None` where nothing blocks (an
+    /// unordered outbox, or poison=park).
+    pub blocked_keys: Option<Arc<str>>,
+    pub redrive_ids: Arc<str>,
+    pub redrive_aggregate: Arc<str>,
+    pub redrive_all: Arc<str>,
+    pub discard: Arc<str>,
 }
 
 impl Statements {
     /// `delete_on_ack`: zero retention, so an ack deletes the row.
-    pub fn new(table: &TableRef, delete_on_ack: bool) -> Self {
+    pub fn new(table: &TableRef, delete_on_ack: bool, ordering: Ordering) -> Self {
         let quoted = table.quoted();
         let leases = leases_table(table);
         let build = |sql: &str| -> Arc<str> {
             strip_comments(&sql.replace("{table}", &quoted).replace("{leases}", &leases)).into()
         };
+        let head_only = |poison: Poison| {
+            HEAD_ONLY.replace(
+                "{parked}",
+                match poison {
+                    Poison::Block => "",
+                    Poison::Park => " AND p.dead_lettered_at IS NULL",
+                },
+            )
+        };
+        let claim = match ordering {
+            Ordering::None => CLAIM
+                .replace("{expired_order}", "")
+                .replace("{fresh_order}", "")
+                .replace("{lease_aggregate}", "NULL"),
+            Ordering::Aggregate(poison) => CLAIM
+                .replace("{expired_order}", &head_only(poison))
+                .replace(
+                    "{fresh_order}",
+                    &format!("AND o.seq <= $8::bigint\n      {}", head_only(poison)),
+                )
+                .replace("{lease_aggregate}", "c.aggregate_id"),
+        };
+        let blocked = if ordering.blocks() {
+            BLOCKED
+        } else {
+            "SELECT NULL::timestamptz AS since WHERE false"
+        };
+        let redrive = |selector: &str| build(&REDRIVE.replace("{selector}", selector));
         // Each settle statement: classify the rows it names, then its own
         // change (a `settled` step, fenced by the lease row); an extend also
         // says the new expiry.
@@ -57,7 +114,7 @@ impl Statements {
         };
         let expires = ",\n       now() + $3::interval AS expires_at";
         Self {
-            claim: build(CLAIM),
+            claim: build(&claim),
             ack_held: build(&ACK_HELD.replace(
                 "{settle}",
                 if delete_on_ack {
@@ -72,12 +129,28 @@ impl Statements {
             nack: settle(BY_ID, NACK, ""),
             extend: settle(BY_ID, EXTEND, expires),
             extend_all: settle(BY_LEASE, EXTEND, expires),
-            stats: build(&STATS.replace(
-                "{published_retained}",
-                "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
-            )),
-            gauges: build(&STATS.replace("{published_retained}", "0::bigint")),
+            stats: build(
+                &STATS
+                    .replace(
+                        "{published_retained}",
+                        "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
+                    )
+                    .replace("{blocked}", blocked),
+            ),
+            gauges: build(
+                &STATS
+                    .replace("{published_retained}", "0::bigint")
+                    .replace("{blocked}", blocked),
+            ),
             purge: build(PURGE),
+            dead_letters: build(DEAD_LETTERS),
+            blocked_keys: ordering
+                .blocks()
+                .then(|| build(&BLOCKED_KEYS.replace("{blocked}", BLOCKED))),
+            redrive_ids: redrive("o.id = ANY($1::uuid[])"),
+            redrive_aggregate: redrive("o.aggregate_id::text = $1::text"),
+            redrive_all: redrive("true"),
+            discard: build(DISCARD),
         }
     }
 }
@@ -98,8 +171,13 @@ pub(crate) const LEASES_SUFFIX: &str = "leases";
 mod tests {
     use super::*;
 
-    fn all(s: &Statements) -> [&Arc<str>; 9] {
+    fn all(s: &Statements) -> [&Arc<str>; 14] {
         [
+            &s.dead_letters,
+            &s.redrive_ids,
+            &s.redrive_aggregate,
+            &s.redrive_all,
+            &s.discard,
             &s.claim,
             &s.ack_held,
             &s.ack,
@@ -115,7 +193,7 @@ mod tests {
     #[test]
     fn statements_name_the_quoted_tables_and_no_placeholders() {
         let table = TableRef::new("sales", "outbox").expect("valid");
-        let s = Statements::new(&table, false);
+        let s = Statements::new(&table, false, Ordering::None);
         for sql in all(&s) {
             assert!(sql.contains("\"sales\".\"outbox\""), "{sql}");
             assert!(!sql.contains('{'), "{sql}");
@@ -126,7 +204,7 @@ mod tests {
         }
         assert!(s.claim.contains("\"sales\".\"outbox_leases\""));
         assert!(s.ack_held.contains("UPDATE \"sales\".\"outbox\""));
-        let deleting = Statements::new(&table, true);
+        let deleting = Statements::new(&table, true, Ordering::None);
         assert!(
             deleting
                 .ack_held
@@ -140,7 +218,7 @@ mod tests {
     fn only_the_settles_write_the_outbox_table_and_nothing_locks_it() {
         let table = TableRef::new("public", "outbox").expect("valid");
         for delete_on_ack in [false, true] {
-            let s = Statements::new(&table, delete_on_ack);
+            let s = Statements::new(&table, delete_on_ack, Ordering::None);
             for sql in all(&s) {
                 assert!(
                     !sql.contains("FOR UPDATE SKIP LOCKED")
@@ -163,6 +241,7 @@ mod tests {
             assert_eq!(outbox_writes(&s.claim), 1);
             assert!(s.claim.contains("dead_lettered_at = now()"));
             assert_eq!(outbox_writes(&s.ack_held), 1);
+            assert!(!s.claim.contains("$8"), "an unordered claim has no guard");
             assert_eq!(outbox_writes(&s.nack), 1);
             // Every settle is fenced by the lease row.
             for sql in [&s.ack_held, &s.nack, &s.extend, &s.extend_all] {
@@ -171,5 +250,27 @@ mod tests {
             assert!(s.extend.contains("expires_at"));
             assert!(!s.nack.contains("expires_at"));
         }
+    }
+
+    #[test]
+    fn an_ordered_claim_keeps_to_heads_and_below_the_guard() {
+        let table = TableRef::new("public", "outbox").expect("valid");
+        let block = Statements::new(&table, false, Ordering::Aggregate(Poison::Block));
+        let park = Statements::new(&table, false, Ordering::Aggregate(Poison::Park));
+        for s in [&block, &park] {
+            assert!(s.claim.contains("o.seq <= $8::bigint"), "{}", s.claim);
+            assert_eq!(s.claim.matches("p.seq < o.seq").count(), 2, "both parts");
+            assert_eq!(s.claim.matches("x.locked_until > now()").count(), 2);
+            assert!(s.claim.contains("c.aggregate_id"));
+            assert!(!s.claim.contains('{'), "{}", s.claim);
+        }
+        assert!(!block.claim.contains("p.dead_lettered_at IS NULL"));
+        assert_eq!(park.claim.matches("p.dead_lettered_at IS NULL").count(), 2);
+        assert!(block.blocked_keys.is_some() && park.blocked_keys.is_none());
+        assert!(block.stats.contains("p.seq < d.seq"));
+        assert!(!park.stats.contains("p.seq < d.seq"));
+        let unordered = Statements::new(&table, false, Ordering::None);
+        assert!(!unordered.claim.contains("p.seq < o.seq"));
+        assert!(unordered.blocked_keys.is_none());
     }
 }

@@ -24,6 +24,14 @@
 --
 -- Expired leases come first, oldest expiry first: they have waited longest.
 -- Fresh rows are taken in seq order, past the rows under a lease.
+--
+-- The ORDER placeholders below (expired_order, fresh_order) are empty for an
+-- unordered outbox. For an ordered one (`ordering=aggregate`, see
+-- `statements.rs`) they keep every row but its aggregate's head out, and every
+-- aggregate already under a live lease; fresh rows must also be at or below
+-- $8, the seq up to which no transaction that could still insert a lower one
+-- is open (the commit-order guard, `guard.rs`). The lease row records the
+-- event's aggregate for an ordered outbox, NULL otherwise (lease_aggregate).
 WITH expired AS (
     SELECT o.id,
            0 AS part, l.locked_until AS after, o.seq,
@@ -42,6 +50,7 @@ WITH expired AS (
       AND o.published_at IS NULL
       AND o.dead_lettered_at IS NULL
       AND o.available_at <= now()
+      {expired_order}
     ORDER BY l.locked_until
     LIMIT $1
     FOR UPDATE OF l SKIP LOCKED
@@ -67,6 +76,7 @@ fresh AS (
       -- row with every lease, and a drain at batch 1000 × 4 fell to an
       -- eighth of its rate.
       AND NOT EXISTS (SELECT 1 FROM {leases} AS l WHERE l.id = o.id OFFSET 0)
+      {fresh_order}
     ORDER BY o.seq
     LIMIT $1
 ),
@@ -118,8 +128,10 @@ renewed AS (
 -- A fresh row another claim leased after this statement's snapshot is left to
 -- it (the insert waits for that claim's transaction, then skips the row).
 taken AS (
-    INSERT INTO {leases} AS l (id, lease_id, locked_until, claimed_by, claimed_at, attempts)
-    SELECT c.id, $2::uuid, now() + $3::interval, $4::text, now(), c.delivered + 1
+    INSERT INTO {leases} AS l (id, lease_id, locked_until, claimed_by, claimed_at, attempts,
+                               aggregate_id)
+    SELECT c.id, $2::uuid, now() + $3::interval, $4::text, now(), c.delivered + 1,
+           {lease_aggregate}
     FROM chosen AS c
     WHERE c.part = 1 AND NOT c.dead
     ON CONFLICT (id) DO NOTHING

@@ -2,6 +2,10 @@
 -- leases, plus the history counts.
 -- {published_retained} counts published rows for GetStats; the metrics sampler,
 -- which runs every few seconds, skips that scan of the retained history.
+-- The blocked step lists the heads that block their aggregate (ordered outboxes under
+-- poison=block; nothing otherwise): dead-lettered, not discarded, with no
+-- earlier unsettled event of their aggregate. Dead letters are few, and each is
+-- checked by one probe of the aggregate index.
 -- Ages are by the database clock. A row waiting out a nack backoff is not
 -- counted in the oldest pending age: nothing is stuck while it waits.
 WITH pending AS (
@@ -9,6 +13,9 @@ WITH pending AS (
     FROM {table} AS o
     LEFT JOIN {leases} AS l ON l.id = o.id
     WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL
+),
+blocked AS (
+    {blocked}
 )
 SELECT count(*) AS pending,
        count(*) FILTER (WHERE locked_until > now()) AS in_flight,
@@ -17,6 +24,10 @@ SELECT count(*) AS pending,
            AS oldest_pending_secs,
        coalesce(extract(epoch FROM now() - min(claimed_at)
            FILTER (WHERE locked_until > now())), 0)::float8 AS oldest_lease_secs,
-       (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL) AS dead_lettered,
-       {published_retained} AS published_retained
+       (SELECT count(*) FROM {table}
+        WHERE dead_lettered_at IS NOT NULL AND discarded_at IS NULL) AS dead_lettered,
+       {published_retained} AS published_retained,
+       (SELECT count(*) FROM blocked) AS blocked_keys,
+       coalesce((SELECT extract(epoch FROM now() - min(since)) FROM blocked), 0)::float8
+           AS oldest_blocked_secs
 FROM pending

@@ -14,4 +14,7 @@ ALTER TABLE {table}
     ADD COLUMN IF NOT EXISTS claimed_by       text,
     ADD COLUMN IF NOT EXISTS claimed_at       timestamptz,
     ADD COLUMN IF NOT EXISTS last_error       text,
-    ADD COLUMN IF NOT EXISTS dead_lettered_at timestamptz
+    ADD COLUMN IF NOT EXISTS dead_lettered_at timestamptz,
+    -- An operator gave the dead-lettered event up (OutboxAdmin.Discard): it is
+    -- never delivered, and retention deletes it like a published one.
+    ADD COLUMN IF NOT EXISTS discarded_at     timestamptz

@@ -13,7 +13,10 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {leases} (
     locked_until timestamptz NOT NULL,
     claimed_by   text        NOT NULL,
     claimed_at   timestamptz NOT NULL,
-    attempts     integer     NOT NULL
+    attempts     integer     NOT NULL,
+    -- Ordered outboxes only (NULL otherwise): the leased event's aggregate,
+    -- so a claim sees in one probe whether an aggregate is under a live lease.
+    aggregate_id text
 );
 
 -- Ack, Nack and ExtendLease find a lease's rows here.
@@ -21,3 +24,8 @@ CREATE INDEX IF NOT EXISTS {leases_lease_idx} ON {leases} (lease_id);
 
 -- A claim takes expired leases first, oldest expiry first.
 CREATE INDEX IF NOT EXISTS {leases_expiry_idx} ON {leases} (locked_until);
+
+-- An ordered claim asks whether the aggregate already holds a lease. The lease
+-- tables of earlier releases lack the column: adoption adds it first.
+CREATE INDEX IF NOT EXISTS {leases_aggregate_idx} ON {leases} (aggregate_id)
+    WHERE aggregate_id IS NOT NULL;

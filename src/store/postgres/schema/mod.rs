@@ -29,6 +29,7 @@ const TABLE: &str = include_str!("table.sql");
 const COLUMNS: &str = include_str!("columns.sql");
 const INDEXES: &str = include_str!("indexes.sql");
 const LEASES: &str = include_str!("leases.sql");
+const ORDERED: &str = include_str!("ordered.sql");
 
 /// The wake-up trigger earlier releases put on every outbox table. Any trigger
 /// on the table costs producers (measured with 16 connections inserting one
@@ -120,28 +121,36 @@ pub(super) fn add_columns(table: &TableRef, columns: &[&Column]) -> String {
     format!("ALTER TABLE {} {}", table.quoted(), adds.join(", "))
 }
 
-/// The index set, in the order adoption builds it.
+/// The index set of every outbox table, in the order adoption builds it.
 pub(super) fn indexes() -> &'static [Index] {
-    static INDEXES_PARSED: LazyLock<Vec<Index>> = LazyLock::new(|| {
-        one_line(INDEXES)
-            .split(';')
-            .map(str::trim)
-            .filter(|statement| !statement.is_empty())
-            .map(|statement| {
-                let named = statement
-                    .strip_prefix("CREATE INDEX CONCURRENTLY IF NOT EXISTS {")
-                    .and_then(|rest| rest.split_once('}'));
-                let Some((suffix, _)) = named else {
-                    panic!("indexes.sql: not an index of the form adoption builds: {statement}")
-                };
-                Index {
-                    suffix: suffix.to_owned(),
-                    create: statement.to_owned(),
-                }
-            })
-            .collect()
-    });
+    static INDEXES_PARSED: LazyLock<Vec<Index>> = LazyLock::new(|| parse_indexes(INDEXES));
     &INDEXES_PARSED
+}
+
+/// What an ordered outbox's table has besides [`indexes`] (`ordered.sql`).
+pub(super) fn ordered_indexes() -> &'static [Index] {
+    static ORDERED_PARSED: LazyLock<Vec<Index>> = LazyLock::new(|| parse_indexes(ORDERED));
+    &ORDERED_PARSED
+}
+
+fn parse_indexes(sql: &str) -> Vec<Index> {
+    one_line(sql)
+        .split(';')
+        .map(str::trim)
+        .filter(|statement| !statement.is_empty())
+        .map(|statement| {
+            let named = statement
+                .strip_prefix("CREATE INDEX CONCURRENTLY IF NOT EXISTS {")
+                .and_then(|rest| rest.split_once('}'));
+            let Some((suffix, _)) = named else {
+                panic!("not an index of the form adoption builds: {statement}")
+            };
+            Index {
+                suffix: suffix.to_owned(),
+                create: statement.to_owned(),
+            }
+        })
+        .collect()
 }
 
 /// Drops an index of `table` (an obsolete one, or one an interrupted
@@ -150,6 +159,14 @@ pub(super) fn drop_index(table: &TableRef, name: &str) -> String {
     format!(
         "DROP INDEX CONCURRENTLY IF EXISTS \"{}\".\"{name}\"",
         table.schema()
+    )
+}
+
+/// Adds the aggregate column to a lease table an earlier release created.
+pub(super) fn add_lease_aggregate(table: &TableRef) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS aggregate_id text",
+        leases_table(table)
     )
 }
 
@@ -164,7 +181,11 @@ pub(super) fn drop_trigger(table: &TableRef) -> String {
 /// The lease table of `table` and its indexes, each statement idempotent.
 pub(super) fn create_leases(table: &TableRef) -> String {
     let mut sql = one_line(LEASES).replace("{leases}", &leases_table(table));
-    for suffix in ["leases_lease_idx", "leases_expiry_idx"] {
+    for suffix in [
+        "leases_lease_idx",
+        "leases_expiry_idx",
+        "leases_aggregate_idx",
+    ] {
         sql = sql.replace(
             &format!("{{{suffix}}}"),
             &format!("\"{}\"", table.object_name(suffix)),
@@ -191,11 +212,12 @@ mod tests {
             .iter()
             .map(|c| (c.name.as_str(), c.definition.as_str()))
             .collect();
-        assert_eq!(columns.len(), 11, "{columns:?}");
+        assert_eq!(columns.len(), 12, "{columns:?}");
         assert_eq!(columns[0], ("headers", "jsonb NOT NULL DEFAULT '{}'"));
         assert_eq!(columns[1], ("seq", "bigint GENERATED ALWAYS AS IDENTITY"));
         assert_eq!(columns[10], ("dead_lettered_at", "timestamptz"));
-        let some: Vec<&Column> = service_columns().iter().skip(9).collect();
+        assert_eq!(columns[11], ("discarded_at", "timestamptz"));
+        let some: Vec<&Column> = service_columns().iter().skip(9).take(2).collect();
         assert_eq!(
             add_columns(&table(), &some),
             "ALTER TABLE \"sales\".\"outbox\" ADD COLUMN IF NOT EXISTS last_error text, \
@@ -219,9 +241,14 @@ mod tests {
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_pending_idx\" ON \"sales\".\"outbox\" \
              (seq) WHERE published_at IS NULL AND dead_lettered_at IS NULL"
         );
-        for index in indexes() {
+        for index in indexes().iter().chain(ordered_indexes()) {
             assert!(!index.create(&table()).contains('{'), "{index:?}");
         }
+        assert_eq!(
+            ordered_indexes()[0].create(&table()),
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_aggregate_idx\" ON \"sales\".\"outbox\" \
+             (aggregate_id, seq) WHERE published_at IS NULL AND discarded_at IS NULL"
+        );
     }
 
     #[test]

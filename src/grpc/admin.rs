@@ -1,0 +1,107 @@
+//! `outbox.v1.OutboxAdmin`: operators' calls, one screen each, in the shape of
+//! `handler`: parse (`request`), call the service, shape the answer
+//! (`response`), errors as statuses (`status`).
+
+use std::{future::Future, sync::Arc};
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span};
+
+use super::{
+    observe,
+    pb::{self, outbox_admin_server::OutboxAdmin as Rpc},
+    request::Parse,
+};
+use crate::{Error, lease::Limits, metrics::ServerMetrics, service::AdminService};
+
+const SERVICE: &str = "outbox.v1.OutboxAdmin";
+
+#[derive(Debug, Clone)]
+pub struct AdminApi {
+    service: AdminService,
+    limits: Arc<Limits>,
+    metrics: ServerMetrics,
+}
+
+impl AdminApi {
+    pub fn new(service: AdminService, limits: Limits, metrics: ServerMetrics) -> Self {
+        Self {
+            service,
+            limits: Arc::new(limits),
+            metrics,
+        }
+    }
+
+    /// Runs a handler inside its server span (with the outbox it names) and
+    /// records how it ended.
+    async fn observed<T, R>(
+        &self,
+        method: &'static str,
+        request: &Request<T>,
+        outbox: &str,
+        work: impl Future<Output = Result<R, Status>>,
+    ) -> Result<R, Status> {
+        let span: Span = observe::service_span(SERVICE, method, request);
+        span.record("outbox", outbox);
+        let started = Instant::now();
+        let result = work.instrument(span.clone()).await;
+        observe::finish(&span, &self.metrics, method, started, &result);
+        result
+    }
+}
+
+#[tonic::async_trait]
+impl Rpc for AdminApi {
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let wire = request.get_ref();
+        self.observed("ListDeadLetters", &request, &wire.outbox, async {
+            let req = wire.parse(&self.limits).map_err(Error::from)?;
+            let page = self.service.dead_letters(&req).await?;
+            Ok(Response::new(page.into()))
+        })
+        .await
+    }
+
+    async fn list_blocked_keys(
+        &self,
+        request: Request<pb::ListBlockedKeysRequest>,
+    ) -> Result<Response<pb::ListBlockedKeysResponse>, Status> {
+        let wire = request.get_ref();
+        self.observed("ListBlockedKeys", &request, &wire.outbox, async {
+            let req = wire.parse(&self.limits).map_err(Error::from)?;
+            let page = self.service.blocked_keys(&req).await?;
+            Ok(Response::new(page.into()))
+        })
+        .await
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<pb::RedriveRequest>,
+    ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let wire = request.get_ref();
+        self.observed("Redrive", &request, &wire.outbox, async {
+            let req = wire.parse(&self.limits).map_err(Error::from)?;
+            let redriven = self.service.redrive(&req).await?;
+            Ok(Response::new(pb::RedriveResponse { redriven }))
+        })
+        .await
+    }
+
+    async fn discard(
+        &self,
+        request: Request<pb::DiscardRequest>,
+    ) -> Result<Response<pb::DiscardResponse>, Status> {
+        let wire = request.get_ref();
+        self.observed("Discard", &request, &wire.outbox, async {
+            let req = wire.parse(&self.limits).map_err(Error::from)?;
+            let discarded = self.service.discard(&req).await?;
+            Ok(Response::new(pb::DiscardResponse { discarded }))
+        })
+        .await
+    }
+}

@@ -1,0 +1,72 @@
+//! OutboxAdmin's use cases: read what is dead-lettered or blocked, redrive or
+//! discard. Each resolves its outbox first, like the lease calls; the calls
+//! that change rows say what they changed in the log, for the audit trail.
+
+use crate::{
+    Error,
+    lease::{
+        BlockedKey, BlockedKeysRequest, DeadLetter, DeadLettersRequest, DiscardRequest, Page,
+        RedriveRequest, RedriveSelector,
+    },
+    store::{AdminStore, OutboxStore, PgOutbox},
+};
+
+use super::Outboxes;
+
+#[derive(Debug, Clone)]
+pub struct AdminService<S = PgOutbox> {
+    outboxes: Outboxes<S>,
+}
+
+impl<S: OutboxStore + AdminStore> AdminService<S> {
+    pub fn new(outboxes: Outboxes<S>) -> Self {
+        Self { outboxes }
+    }
+
+    pub async fn dead_letters(&self, req: &DeadLettersRequest) -> Result<Page<DeadLetter>, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        Ok(outbox
+            .store
+            .dead_letters(req.aggregate_id.as_deref(), req.page)
+            .await?)
+    }
+
+    pub async fn blocked_keys(&self, req: &BlockedKeysRequest) -> Result<Page<BlockedKey>, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        Ok(outbox.store.blocked_keys(req.page).await?)
+    }
+
+    pub async fn redrive(&self, req: &RedriveRequest) -> Result<u64, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        let redriven = outbox.store.redrive(&req.selector).await?;
+        let selected = match &req.selector {
+            RedriveSelector::Ids(ids) => format!("{} ids", ids.len()),
+            RedriveSelector::Aggregate(aggregate) => format!("aggregate {aggregate:?}"),
+            RedriveSelector::All => "all".to_owned(),
+        };
+        tracing::info!(
+            outbox = outbox.name(),
+            selected,
+            redriven,
+            "redrive: dead letters made deliverable again"
+        );
+        if redriven > 0 {
+            // Redriven rows are claimable now: waiting claimers need not wait
+            // for the next insert to notice.
+            outbox.waiters.notify(redriven);
+        }
+        Ok(redriven)
+    }
+
+    pub async fn discard(&self, req: &DiscardRequest) -> Result<u64, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        let discarded = outbox.store.discard(&req.message_ids).await?;
+        let ids: Vec<String> = req.message_ids.iter().map(ToString::to_string).collect();
+        tracing::info!(outbox = outbox.name(), ids = ?ids, discarded, "discard: dead letters given up for good");
+        if discarded > 0 && outbox.store.spec().ordering.blocks() {
+            // The events behind a discarded head are claimable now.
+            outbox.waiters.notify(discarded);
+        }
+        Ok(discarded)
+    }
+}
