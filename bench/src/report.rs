@@ -948,7 +948,8 @@ fn ordered_claim_section(s: &mut String, plan: &Plan, c: &OrderedClaim) {
          turn (the order flipping every round), {} timed claims each after {} untimed rounds, each acked before the \
          next (untimed); both take from the same pending events. Every timed claim returned 100 events. `SQL ms` \
          is the claim statement's execution time under `EXPLAIN (ANALYZE, BUFFERS, WAL)` on the filled table, \
-         rolled back.\n",
+         rolled back, before the claims (each statement explained twice, the second kept; the ordered one as \
+         outboxd builds it for `poison=block`, its commit-order bound letting every row through).\n",
         c.history,
         c.pending,
         c.aggregates,
