@@ -215,22 +215,29 @@ pub async fn truncate(conn: &mut PgConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Inserts `count` pending events in one statement, numbered from `first`.
+/// The aggregates the drain's, the producers' and the scale scenario's events
+/// are spread over (event `g` belongs to aggregate `g % AGGREGATES`).
+pub const AGGREGATES: u64 = 5_000;
+
+/// Inserts `count` pending events in one statement, numbered from `first`,
+/// event `g` of aggregate `md5(g % aggregates)` as a uuid (one aggregate's
+/// events are spread over the whole backlog, as an order's are over the day).
 pub async fn fill_pending(
     conn: &mut PgConnection,
     shape: Shape,
     first: u64,
     count: u64,
+    aggregates: u64,
 ) -> anyhow::Result<()> {
     let sql = match shape {
         Shape::Outboxd => format!(
             "INSERT INTO outbox (id, aggregate_id, event_type, payload) \
-             SELECT gen_random_uuid(), md5((g % 5000)::text)::uuid::text, 'order.paid', {PAYLOAD_SQL} \
+             SELECT gen_random_uuid(), md5((g % $3)::text)::uuid::text, 'order.paid', {PAYLOAD_SQL} \
              FROM generate_series($1::bigint, $2::bigint) g"
         ),
         Shape::Classic => format!(
             "INSERT INTO outbox (id, aggregate_id, event_type, payload, created_at) \
-             SELECT gen_random_uuid(), md5((g % 5000)::text)::uuid, 'order.paid', {PAYLOAD_SQL}, clock_timestamp() \
+             SELECT gen_random_uuid(), md5((g % $3)::text)::uuid, 'order.paid', {PAYLOAD_SQL}, clock_timestamp() \
              FROM generate_series($1::bigint, $2::bigint) g"
         ),
     };
@@ -239,6 +246,7 @@ pub async fn fill_pending(
         sqlx::query(AssertSqlSafe(sql))
             .bind(i64::try_from(first)?)
             .bind(i64::try_from(last)?)
+            .bind(i64::try_from(aggregates.max(1))?)
             .execute(&mut *conn)
             .await
             .context("filling pending events")?;
@@ -292,11 +300,17 @@ pub async fn lease_stages(conn: &mut PgConnection) -> anyhow::Result<Option<Leas
 }
 
 /// Inserts `count` already-published events (history), in chunks so no single
-/// statement runs for minutes. Ids are sequential to keep the fill fast.
-pub async fn fill_history(conn: &mut PgConnection, first: u64, count: u64) -> anyhow::Result<()> {
+/// statement runs for minutes. Ids are sequential to keep the fill fast; event
+/// `g` belongs to aggregate `g % aggregates`, as in [`fill_pending`].
+pub async fn fill_history(
+    conn: &mut PgConnection,
+    first: u64,
+    count: u64,
+    aggregates: u64,
+) -> anyhow::Result<()> {
     let sql = format!(
         "INSERT INTO outbox (id, aggregate_id, event_type, payload, created_at, published_at, attempts) \
-         SELECT lpad(to_hex(g), 32, '0')::uuid, md5((g % 5000)::text)::uuid::text, 'order.paid', {PAYLOAD_SQL}, \
+         SELECT lpad(to_hex(g), 32, '0')::uuid, md5((g % $3)::text)::uuid::text, 'order.paid', {PAYLOAD_SQL}, \
                 now() - interval '1 day', now() - interval '1 day', 1 \
          FROM generate_series($1::bigint, $2::bigint) g"
     );
@@ -311,6 +325,7 @@ pub async fn fill_history(conn: &mut PgConnection, first: u64, count: u64) -> an
         sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(i64::try_from(at)?)
             .bind(i64::try_from(last)?)
+            .bind(i64::try_from(aggregates.max(1))?)
             .execute(&mut *conn)
             .await
             .context("filling published history")?;
@@ -336,6 +351,8 @@ pub async fn checkpoint(conn: &mut PgConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Rows not yet published (dead-lettered ones included: a drain that leaves
+/// any has not finished).
 pub async fn pending(conn: &mut PgConnection) -> anyhow::Result<i64> {
     sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
         .fetch_one(&mut *conn)

@@ -3,7 +3,9 @@
 //! by the targets of issue #32 as ratios to the classic relay: WAL bytes and
 //! PostgreSQL CPU per event in the drain, producer commits/s into the outbox
 //! table with outboxd stopped, idle and draining, the drain's events/s, latency
-//! under steady load, and the claim with history. Writes
+//! under steady load, and the claim with history; and the per-aggregate order
+//! of issue #33 as ratios to the unordered outbox: the ordered drain, the
+//! ordered claim with history, and the rate of one hot aggregate. Writes
 //! `bench/results/REPORT.md` and PNG charts.
 //!
 //! Run from the workspace root after
@@ -20,6 +22,7 @@ mod classic;
 mod cpu;
 mod db;
 mod machine;
+mod ordering;
 mod procs;
 mod progress;
 mod rabbit;
@@ -42,11 +45,12 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
 
-    /// Scenarios to run (comma-separated): drain, producers, latency, scale.
+    /// Scenarios to run (comma-separated): drain, producers, latency, scale, ordered-drain, ordered-claim,
+    /// hot-aggregate (`ordering` stands for the last three).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "drain,producers,latency,scale"
+        default_value = "drain,producers,latency,scale,ordered-drain,ordered-claim,hot-aggregate"
     )]
     pub scenarios: Vec<String>,
 
@@ -107,6 +111,26 @@ pub struct Args {
     #[arg(long)]
     pub claims: Option<usize>,
 
+    /// Ordered drain, ordered claim: aggregates the events are spread over (`aggregate_id`s).
+    #[arg(long)]
+    pub aggregates: Option<u64>,
+
+    /// Ordered claim: published history rows.
+    #[arg(long)]
+    pub ordered_history: Option<u64>,
+
+    /// Ordered claim: pending events (over `--aggregates` aggregates).
+    #[arg(long)]
+    pub ordered_pending: Option<u64>,
+
+    /// Ordered claim: timed claims of 100 per outbox (ordered and unordered, in turn).
+    #[arg(long)]
+    pub ordered_claims: Option<usize>,
+
+    /// Hot aggregate: events of the one aggregate drained.
+    #[arg(long)]
+    pub hot_events: Option<u64>,
+
     /// Directory holding the `outboxd` and `outbox-relay` binaries.
     #[arg(long, default_value = "target/release")]
     pub bin_dir: PathBuf,
@@ -136,6 +160,9 @@ pub struct Plan {
     pub producers: bool,
     pub latency: bool,
     pub scale: bool,
+    pub ordered_drain: bool,
+    pub ordered_claim: bool,
+    pub hot: bool,
     pub reps: usize,
     pub events: u64,
     pub batch_sizes: Vec<u32>,
@@ -150,16 +177,37 @@ pub struct Plan {
     pub pending: Vec<u64>,
     pub leases: u64,
     pub claims: usize,
+    pub aggregates: u64,
+    pub ordered_history: u64,
+    pub ordered_pending: u64,
+    pub ordered_claims: usize,
+    pub hot_events: u64,
 }
+
+/// The scenarios `--scenarios` accepts; `ordering` stands for the last three.
+const SCENARIOS: [&str; 7] = [
+    "drain",
+    "producers",
+    "latency",
+    "scale",
+    "ordered-drain",
+    "ordered-claim",
+    "hot-aggregate",
+];
 
 impl Plan {
     fn from_args(a: &Args) -> anyhow::Result<Self> {
         let q = a.quick;
-        let has = |s: &str| a.scenarios.iter().any(|x| x.trim() == s);
+        let has = |s: &str| {
+            a.scenarios
+                .iter()
+                .any(|x| x.trim() == s || (x.trim() == "ordering" && SCENARIOS[4..].contains(&s)))
+        };
         for s in &a.scenarios {
             anyhow::ensure!(
-                matches!(s.trim(), "drain" | "producers" | "latency" | "scale"),
-                "unknown scenario {s:?} (drain, producers, latency, scale)"
+                SCENARIOS.contains(&s.trim()) || s.trim() == "ordering",
+                "unknown scenario {s:?} ({}, or ordering for the last three)",
+                SCENARIOS.join(", ")
             );
         }
         let plan = Self {
@@ -168,6 +216,9 @@ impl Plan {
             producers: has("producers"),
             latency: has("latency"),
             scale: has("scale"),
+            ordered_drain: has("ordered-drain"),
+            ordered_claim: has("ordered-claim"),
+            hot: has("hot-aggregate"),
             reps: a.reps.unwrap_or(if q { 1 } else { 3 }),
             events: a.events.unwrap_or(if q { 4_000 } else { 200_000 }),
             batch_sizes: if q && a.batch_sizes == [100, 1000] {
@@ -203,6 +254,13 @@ impl Plan {
             }),
             leases: a.leases.unwrap_or(if q { 1_000 } else { 10_000 }),
             claims: a.claims.unwrap_or(if q { 5 } else { 30 }),
+            aggregates: a.aggregates.unwrap_or(if q { 200 } else { 10_000 }),
+            ordered_history: a
+                .ordered_history
+                .unwrap_or(if q { 20_000 } else { 5_000_000 }),
+            ordered_pending: a.ordered_pending.unwrap_or(if q { 6_000 } else { 100_000 }),
+            ordered_claims: a.ordered_claims.unwrap_or(if q { 10 } else { 200 }),
+            hot_events: a.hot_events.unwrap_or(if q { 200 } else { 5_000 }),
         };
         anyhow::ensure!(plan.reps >= 1 && plan.reps <= 20, "--reps must be 1..=20");
         anyhow::ensure!(
@@ -228,6 +286,31 @@ impl Plan {
         anyhow::ensure!(
             plan.claims >= 1 && plan.claims <= 1000,
             "--claims must be 1..=1000"
+        );
+        anyhow::ensure!(
+            (100..=10_000_000).contains(&plan.aggregates),
+            "--aggregates must be 100..=10M (an ordered claim of 100 takes one event of each of 100 aggregates)"
+        );
+        anyhow::ensure!(
+            plan.ordered_claims >= 1 && plan.ordered_claims <= 10_000,
+            "--ordered-claims must be 1..=10000"
+        );
+        // Both outboxes' claims (and their warm-up) take from the same pending
+        // events; half of them stay, so the last claims still find 100 aggregates.
+        anyhow::ensure!(
+            (plan.ordered_claims as u64 + ordering::WARM_UP as u64) * 2 * 100 * 2
+                <= plan.ordered_pending
+                && plan.ordered_pending <= 10_000_000,
+            "--ordered-pending must be at most 10M and at least 400 × (--ordered-claims + {})",
+            ordering::WARM_UP
+        );
+        anyhow::ensure!(
+            plan.ordered_history <= 100_000_000,
+            "--ordered-history must be at most 100M"
+        );
+        anyhow::ensure!(
+            plan.hot_events >= 1 && plan.hot_events <= 1_000_000,
+            "--hot-events must be 1..=1M"
         );
         anyhow::ensure!(
             plan.batch_sizes

@@ -8,8 +8,9 @@ use crate::{
     cpu::Component,
     db::LeaseStages,
     machine::Machine,
+    ordering::{Order, OrderedClaim},
     scenarios::{Cycle, DrainCase, DrainRun, PRODUCERS, Results, ScalePoint},
-    stats::Spread,
+    stats::{Spread, quantile},
 };
 
 /// One line of the targets table.
@@ -17,8 +18,10 @@ use crate::{
 pub struct Check {
     pub target: String,
     pub measured: String,
-    /// None: not evaluated (quick mode or scenario not run).
+    /// None: not evaluated (quick mode or scenario not run), or no target.
     pub pass: Option<bool>,
+    /// A figure reported with no target.
+    pub no_target: bool,
 }
 
 fn rates(runs: &[DrainRun]) -> Vec<f64> {
@@ -66,8 +69,8 @@ fn median_p10_p90(v: &[f64]) -> String {
     format!(
         "{:.2} [p10 {:.2}, p90 {:.2}]",
         Spread::of(v).median,
-        crate::stats::quantile(v, 0.1),
-        crate::stats::quantile(v, 0.9)
+        quantile(v, 0.1),
+        quantile(v, 0.9)
     )
 }
 
@@ -104,12 +107,21 @@ fn cost_check(
             median_of(&case.classic, f),
         ),
         pass: judge(ratio.median <= limit),
+        no_target: false,
     }
 }
 
 /// The targets of issue #32, in its order: WAL and PostgreSQL CPU per event in
-/// each drain shape, producer commits/s in each mode, latency, claims.
+/// each drain shape, producer commits/s in each mode, latency, claims; then
+/// issue #33's: the ordered drain and the ordered claim against unordered ones,
+/// and the hot aggregate's rate (no target).
 pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
+    let mut out = checks_32(plan, r);
+    out.extend(checks_33(plan, r));
+    out
+}
+
+fn checks_32(plan: &Plan, r: &Results) -> Vec<Check> {
     let judge = |ok: bool| if plan.quick { None } else { Some(ok) };
     let mut out = Vec::new();
     for case in &r.drain {
@@ -148,6 +160,7 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
                 Spread::of(&case.classic).median
             ),
             pass: judge(ratio.median >= 0.9),
+            no_target: false,
         });
     }
     if let Some(lp) = r.latency.iter().find(|c| c.poll_ms.is_none()) {
@@ -157,11 +170,13 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
             target: format!("latency p50 ≤ 5 ms at {} ev/s", plan.rate),
             measured: format!("{} ms", p50.show(2)),
             pass: judge(p50.median <= 5.0),
+            no_target: false,
         });
         out.push(Check {
             target: format!("latency p99 ≤ 25 ms at {} ev/s", plan.rate),
             measured: format!("{} ms", p99.show(2)),
             pass: judge(p99.median <= 25.0),
+            no_target: false,
         });
     }
     if let Some(&hmax) = plan.history.iter().max() {
@@ -177,6 +192,7 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
                 ),
                 measured: vs_empty(p),
                 pass: judge(p.vs_empty() <= 1.3),
+                no_target: false,
             });
         }
         for p in r.scale.iter().filter(|p| p.leases > 0) {
@@ -187,6 +203,7 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
                 ),
                 measured: vs_empty(p),
                 pass: judge(p.vs_empty() <= 2.0),
+                no_target: false,
             });
         }
     }
@@ -194,6 +211,9 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
 }
 
 fn verdict(c: &Check) -> &'static str {
+    if c.no_target {
+        return "reported";
+    }
     match c.pass {
         Some(true) => "met",
         Some(false) => "**missed**",
@@ -293,6 +313,7 @@ pub fn render(
     if !r.drain.is_empty() {
         cost_section(&mut s, r);
     }
+    ordering_section(&mut s, plan, r);
 
     let _ = writeln!(s, "## Commands\n");
     let _ = writeln!(
@@ -727,12 +748,262 @@ fn cycle_table(s: &mut String, r: &Results) {
     s.push('\n');
 }
 
+// ---------------------------------------------------------------- issue #33
+
+/// Issue #33: the ordered drain ≥ 0.8 × the unordered one per shape; the
+/// ordered claim's p50 and p99 ≤ 1.5 × the unordered one's; the hot
+/// aggregate's rate, reported.
+fn checks_33(plan: &Plan, r: &Results) -> Vec<Check> {
+    let judge = |ok: bool| if plan.quick { None } else { Some(ok) };
+    let mut out = Vec::new();
+    for case in &r.ordered_drain {
+        let ratio = Spread::of(&case.paired(|x| x.events_per_sec));
+        out.push(Check {
+            target: format!(
+                "ordered drain ≥ 0.8× the unordered drain ({}, {} aggregates)",
+                shape_name(case.batch, case.workers),
+                plan.aggregates
+            ),
+            measured: format!(
+                "{}× ({:.0} vs {:.0} ev/s)",
+                ratio.show(2),
+                median_of(&case.ordered, |x| x.events_per_sec),
+                median_of(&case.unordered, |x| x.events_per_sec),
+            ),
+            pass: judge(ratio.median >= 0.8),
+            no_target: false,
+        });
+    }
+    if let Some(c) = &r.ordered_claim {
+        for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+            let ratio = c.ratio(q);
+            out.push(Check {
+                target: format!(
+                    "ordered claim {name} ≤ 1.5× the unordered claim's ({} history, {} pending over {} aggregates)",
+                    c.history, c.pending, c.aggregates
+                ),
+                measured: format!(
+                    "{ratio:.2}× ({:.2} vs {:.2} ms)",
+                    quantile(&c.ordered.claim_ms, q),
+                    quantile(&c.unordered.claim_ms, q)
+                ),
+                pass: judge(ratio <= 1.5),
+                no_target: false,
+            });
+        }
+    }
+    if let Some(h) = &r.hot {
+        out.push(Check {
+            target: format!(
+                "single hot aggregate, ordered ({} events, {})",
+                h.events,
+                shape_name(h.batch, h.workers)
+            ),
+            measured: format!("{} ev/s", Spread::of(&rates(&h.runs)).show(0)),
+            pass: None,
+            no_target: true,
+        });
+    }
+    out
+}
+
+fn shape_name(batch: u32, workers: u32) -> String {
+    format!(
+        "batch {batch}, {workers} worker{}",
+        if workers == 1 { "" } else { "s" }
+    )
+}
+
+/// Events per batch that carried messages, over a drain.
+fn per_batch(x: &DrainRun) -> f64 {
+    if x.batches == 0 {
+        f64::NAN
+    } else {
+        events(x) / x.batches as f64
+    }
+}
+
+/// Mean milliseconds of part `i` of outboxd's batch cycle (0 ClaimBatch,
+/// 1 send → confirm, 2 Ack calls).
+fn cycle_part(i: usize) -> impl Fn(&DrainRun) -> f64 {
+    move |x: &DrainRun| x.cycle.map_or(f64::NAN, |c| c.parts()[i])
+}
+
+/// "a / b" of medians, `digits` decimals.
+fn pair(a: &[DrainRun], b: &[DrainRun], f: impl Fn(&DrainRun) -> f64, digits: usize) -> String {
+    format!(
+        "{:.digits$} / {:.digits$}",
+        median_of(a, &f),
+        median_of(b, &f)
+    )
+}
+
+fn ordering_section(s: &mut String, plan: &Plan, r: &Results) {
+    if r.ordered_drain.is_empty() && r.ordered_claim.is_none() && r.hot.is_none() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Per-aggregate order (#33)
+"
+    );
+    let _ = writeln!(
+        s,
+        "An outbox with `ordering=aggregate` (`--outbox NAME=SCHEMA.TABLE:ordering=aggregate`) against an unordered \
+         one (`ordering=none`) in the same run, the two alternating. Events carry realistic aggregate ids (a uuid as \
+         text, event `g` of aggregate `md5(g % aggregates)`, so each aggregate's events are spread over the whole \
+         backlog).\n"
+    );
+    if !r.ordered_drain.is_empty() {
+        let _ = writeln!(
+            s,
+            "### Ordered drain: {} events over {} aggregates\n",
+            plan.events, plan.aggregates
+        );
+        let _ = writeln!(
+            s,
+            "The drain scenario's backlog and measurement (outboxd + outbox-relay, from the relay's start until every \
+             row is published and every message is in the queue), on two tables of one database: `ordered.outbox`, \
+             served with `ordering=aggregate`, and `unordered.outbox`, with `ordering=none`; each created and adopted \
+             by outboxd with its own ordering (so only the ordered one has what ordering keeps beside it). The ratio \
+             is ordered over unordered, per repetition (the two ran back to back, the order alternating). Columns \
+             with two figures are unordered / ordered, medians. Events per batch are the drain's events over the \
+             claims that returned any; ClaimBatch is the mean inside outboxd (`outbox_rpc_duration_seconds`, acks \
+             carried included); holdback is the largest `outbox_commit_order_holdback_seconds` seen, sampled every \
+             500 ms.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| batch | workers | unordered ev/s | ordered ev/s | ratio | events per batch | ClaimBatch ms | PostgreSQL CPU s /100k | WAL bytes /ev | holdback s (max) |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for case in &r.ordered_drain {
+            let (u, o) = (&case.unordered, &case.ordered);
+            let holdback = o
+                .iter()
+                .filter_map(|x| x.holdback_secs)
+                .reduce(f64::max)
+                .map_or_else(|| "–".to_owned(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {}× | {} | {} | {} | {} | {holdback} |",
+                case.batch,
+                case.workers,
+                Spread::of(&rates(u)).show(0),
+                Spread::of(&rates(o)).show(0),
+                Spread::of(&case.paired(|x| x.events_per_sec)).show(2),
+                pair(u, o, per_batch, 1),
+                pair(u, o, cycle_part(0), 2),
+                pair(u, o, postgres_per100k, 2),
+                pair(u, o, wal_per_event, 0),
+            );
+        }
+        s.push('\n');
+    }
+    if let Some(c) = &r.ordered_claim {
+        ordered_claim_section(s, plan, c);
+    }
+    if let Some(h) = &r.hot {
+        let _ = writeln!(s, "### A single hot aggregate, ordered\n");
+        let _ = writeln!(
+            s,
+            "{} events, all of one `aggregate_id`, drained from `ordered.outbox` as above (batch {}, {} relay slots). \
+             An ordered outbox hands out an aggregate's next event only once its previous one is acked, so this is \
+             the rate of one claim → publish → confirm → ack cycle at a time; no target.\n",
+            h.events, h.batch, h.workers
+        );
+        let _ = writeln!(
+            s,
+            "| ev/s | events per batch | ClaimBatch ms | send → confirm ms | Ack call ms | PostgreSQL CPU s /100k |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        let col = |f: &dyn Fn(&DrainRun) -> f64, d: usize| {
+            Spread::of(&h.runs.iter().map(f).collect::<Vec<_>>()).show(d)
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |\n",
+            col(&|x| x.events_per_sec, 0),
+            col(&per_batch, 2),
+            col(&cycle_part(0), 2),
+            col(&cycle_part(1), 2),
+            col(&cycle_part(2), 2),
+            col(&postgres_per100k, 2),
+        );
+    }
+}
+
+fn ordered_claim_section(s: &mut String, plan: &Plan, c: &OrderedClaim) {
+    let _ = writeln!(
+        s,
+        "### Ordered claim: {} history rows, {} pending over {} aggregates\n",
+        c.history, c.pending, c.aggregates
+    );
+    let _ = writeln!(
+        s,
+        "One table (`public.outbox`), created and adopted by an ordered outboxd on the empty table, then filled with \
+         {} published history rows (`INSERT … SELECT generate_series`, as the scale scenario) and {} pending events \
+         after them, both over {} aggregates, `VACUUM ANALYZE`, one `CHECKPOINT`. Two outboxd serve it, one with \
+         the outbox `ordering=aggregate`, one with `ordering=none`; `ClaimBatch(max 100)` over gRPC goes to each in \
+         turn (the order flipping every round), {} timed claims each after {} untimed rounds, each acked before the \
+         next (untimed); both take from the same pending events. Every timed claim returned 100 events. `SQL ms` \
+         is the claim statement's execution time under `EXPLAIN (ANALYZE, BUFFERS, WAL)` on the filled table, \
+         rolled back, before the claims (each statement explained twice, the second kept; the ordered one as \
+         outboxd builds it for `poison=block`, its commit-order bound letting every row through).\n",
+        c.history,
+        c.pending,
+        c.aggregates,
+        plan.ordered_claims,
+        crate::ordering::WARM_UP
+    );
+    let _ = writeln!(
+        s,
+        "| outbox | p50 ms | p90 ms | p99 ms | max ms | SQL ms |\n| --- | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for (label, side) in [
+        (Order::Unordered.label(), &c.unordered),
+        (Order::Ordered.label(), &c.ordered),
+    ] {
+        let q = |x| quantile(&side.claim_ms, x);
+        let _ = writeln!(
+            s,
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(1.0),
+            side.sql_ms
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| ordered / unordered | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
+        c.ratio(0.5),
+        c.ratio(0.9),
+        c.ratio(0.99),
+        c.ratio(1.0),
+        c.ordered.sql_ms / c.unordered.sql_ms
+    );
+    let _ = writeln!(
+        s,
+        "<details><summary>Claim plans (EXPLAIN ANALYZE, BUFFERS, WAL)</summary>\n"
+    );
+    for (label, side) in [
+        (Order::Ordered.label(), &c.ordered),
+        (Order::Unordered.label(), &c.unordered),
+    ] {
+        let _ = writeln!(s, "{label}:\n\n```\n{}\n```\n", side.plan);
+    }
+    let _ = writeln!(s, "</details>\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Check, checks};
     use crate::{
         Plan,
         cpu::{Component, MachineCpu},
+        ordering::{ClaimSide, HotCase, OrderedClaim, OrderedDrainCase},
         scenarios::{DrainCase, DrainRun, ProducerCase, ProducerMode, Results},
     };
 
@@ -743,6 +1014,9 @@ mod tests {
             producers: true,
             latency: true,
             scale: true,
+            ordered_drain: true,
+            ordered_claim: true,
+            hot: true,
             reps: 1,
             events: 100_000,
             batch_sizes: vec![100],
@@ -757,6 +1031,11 @@ mod tests {
             pending: vec![10_000],
             leases: 10_000,
             claims: 30,
+            aggregates: 10_000,
+            ordered_history: 5_000_000,
+            ordered_pending: 100_000,
+            ordered_claims: 200,
+            hot_events: 5_000,
         }
     }
 
@@ -833,5 +1112,129 @@ mod tests {
         // Ratios 0.95, 0.875, 0.83: median 0.875.
         assert_eq!(c.pass, Some(false), "{c:?}");
         assert!(c.measured.starts_with("0.88 [0.83–0.95]×"), "{c:?}");
+    }
+
+    fn rate(events_per_sec: f64) -> DrainRun {
+        DrainRun {
+            events_per_sec,
+            secs: 10.0,
+            ..DrainRun::default()
+        }
+    }
+
+    fn side(claim_ms: Vec<f64>) -> ClaimSide {
+        ClaimSide {
+            claim_ms,
+            sql_ms: f64::NAN,
+            plan: String::new(),
+        }
+    }
+
+    #[test]
+    fn ordering_targets_are_ratios_to_the_unordered_outbox() {
+        let r = Results {
+            ordered_drain: vec![OrderedDrainCase {
+                batch: 100,
+                workers: 4,
+                // Ratios 0.85, 0.7, 0.9: median 0.85.
+                unordered: vec![rate(10_000.0), rate(10_000.0), rate(10_000.0)],
+                ordered: vec![rate(8_500.0), rate(7_000.0), rate(9_000.0)],
+            }],
+            ordered_claim: Some(OrderedClaim {
+                history: 5_000_000,
+                pending: 100_000,
+                aggregates: 10_000,
+                ordered: side((1..=100).map(|i| f64::from(i) * 0.03).collect()),
+                unordered: side((1..=100).map(|i| f64::from(i) * 0.02).collect()),
+            }),
+            hot: Some(HotCase {
+                batch: 100,
+                workers: 4,
+                events: 5_000,
+                runs: vec![rate(400.0)],
+            }),
+            ..Results::default()
+        };
+        let all = checks(&plan(), &r);
+        let drain = find(&all, "ordered drain ≥ 0.8×");
+        assert_eq!(drain.pass, Some(true), "{drain:?}");
+        assert!(drain.target.contains("batch 100, 4 workers"), "{drain:?}");
+        assert!(drain.target.contains("10000 aggregates"), "{drain:?}");
+        assert!(
+            drain
+                .measured
+                .starts_with("0.85 [0.70–0.90]× (8500 vs 10000 ev/s)"),
+            "{drain:?}"
+        );
+        // 1.5× at every quantile: met, at the limit.
+        for name in ["ordered claim p50", "ordered claim p99"] {
+            let c = find(&all, name);
+            assert_eq!(c.pass, Some(true), "{c:?}");
+            assert!(c.measured.starts_with("1.50×"), "{c:?}");
+        }
+        let hot = find(&all, "single hot aggregate");
+        assert!(hot.no_target && hot.pass.is_none(), "{hot:?}");
+        assert_eq!(super::verdict(hot), "reported");
+        assert_eq!(hot.measured, "400 ev/s");
+        // A slower ordered drain misses.
+        let slow = Results {
+            ordered_drain: vec![OrderedDrainCase {
+                batch: 100,
+                workers: 4,
+                unordered: vec![rate(10_000.0)],
+                ordered: vec![rate(7_900.0)],
+            }],
+            ..Results::default()
+        };
+        assert_eq!(
+            find(&checks(&plan(), &slow), "ordered drain").pass,
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn the_ordering_section_shows_every_part() {
+        let r = Results {
+            ordered_drain: vec![OrderedDrainCase {
+                batch: 100,
+                workers: 4,
+                unordered: vec![rate(10_000.0)],
+                ordered: vec![DrainRun {
+                    holdback_secs: Some(0.25),
+                    ..rate(9_000.0)
+                }],
+            }],
+            ordered_claim: Some(OrderedClaim {
+                history: 20_000,
+                pending: 6_000,
+                aggregates: 200,
+                ordered: side(vec![2.0, 3.0]),
+                unordered: side(vec![1.0, 2.0]),
+            }),
+            hot: Some(HotCase {
+                batch: 100,
+                workers: 4,
+                events: 200,
+                runs: vec![rate(300.0)],
+            }),
+            ..Results::default()
+        };
+        let mut s = String::new();
+        super::ordering_section(&mut s, &plan(), &r);
+        for part in [
+            "## Per-aggregate order (#33)",
+            "### Ordered drain",
+            "| 100 | 4 | 10000 | 9000 | 0.90× |",
+            "| 0.250 |",
+            "### Ordered claim: 20000 history rows, 6000 pending over 200 aggregates",
+            "| ordered / unordered |",
+            "### A single hot aggregate, ordered",
+            "| 300 |",
+        ] {
+            assert!(s.contains(part), "no {part:?} in\n{s}");
+        }
+        let mut empty = String::new();
+        super::ordering_section(&mut empty, &plan(), &Results::default());
+        assert!(empty.is_empty());
     }
 }

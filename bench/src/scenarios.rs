@@ -1,5 +1,6 @@
 //! The scenarios: drain, producers (commits/s with outboxd stopped, idle and
-//! draining), latency under steady load, claim latency with history. Each
+//! draining), latency under steady load, claim latency with history (and, in
+//! `ordering.rs`, the per-aggregate order's). Each
 //! measured case runs every design once per repetition, the order of the
 //! designs rotating from one repetition to the next.
 
@@ -31,7 +32,7 @@ use crate::{
 };
 
 /// The claim statement outboxd runs, for EXPLAIN (ANALYZE, BUFFERS, WAL).
-const CLAIM_SQL: &str = include_str!("../../src/store/postgres/queries/claim.sql");
+pub const CLAIM_SQL: &str = include_str!("../../src/store/postgres/queries/claim.sql");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Design {
@@ -75,6 +76,9 @@ pub struct DrainRun {
     /// WAL bytes written per event over the drain.
     pub wal_per_event: f64,
     pub cycle: Option<Cycle>,
+    /// Ordered outboxes: the largest `outbox_commit_order_holdback_seconds`
+    /// outboxd reported during the drain (sampled every 500 ms).
+    pub holdback_secs: Option<f64>,
 }
 
 /// Mean milliseconds of the parts of one batch, each design timed from the
@@ -208,6 +212,12 @@ pub struct Results {
     pub notes: Vec<String>,
     /// Commits per second from [`PRODUCERS`] connections, per mode.
     pub producer: Vec<ProducerCase>,
+    /// Issue #33: ordered against unordered drains, per shape.
+    pub ordered_drain: Vec<crate::ordering::OrderedDrainCase>,
+    /// Issue #33: ordered against unordered claims on the same table.
+    pub ordered_claim: Option<crate::ordering::OrderedClaim>,
+    /// Issue #33: drains of a single aggregate's events, ordered.
+    pub hot: Option<crate::ordering::HotCase>,
 }
 
 pub struct Ctx {
@@ -219,9 +229,13 @@ pub struct Ctx {
     pub db_outboxd: String,
     pub db_classic: String,
     pub db_scale: String,
+    /// Issue #33's drains: an ordered and an unordered outbox side by side.
+    pub db_ordering: String,
+    /// Issue #33's claims with history.
+    pub db_ordered_claim: String,
     pub progress: Progress,
     commands: Mutex<Vec<String>>,
-    log_dir: PathBuf,
+    pub log_dir: PathBuf,
 }
 
 impl Ctx {
@@ -249,6 +263,8 @@ impl Ctx {
             db_outboxd: format!("{prefix}_o"),
             db_classic: format!("{prefix}_c"),
             db_scale: format!("{prefix}_s"),
+            db_ordering: format!("{prefix}_a"),
+            db_ordered_claim: format!("{prefix}_h"),
             prefix,
             progress: Progress::new(steps),
             commands: Mutex::new(Vec::new()),
@@ -257,11 +273,11 @@ impl Ctx {
         Ok(ctx)
     }
 
-    fn url(&self, db: &str) -> anyhow::Result<String> {
+    pub fn url(&self, db: &str) -> anyhow::Result<String> {
         db::url_for(&self.args.database_url, db)
     }
 
-    async fn record(&self, cmdline: &str) {
+    pub async fn record(&self, cmdline: &str) {
         let mut cmds = self.commands.lock().await;
         // Ports and database names change per run; keep the first of each shape.
         let shape: String = cmdline
@@ -284,7 +300,13 @@ impl Ctx {
     pub async fn cleanup(&self) -> anyhow::Result<()> {
         self.progress.finish();
         let mut first_err = None;
-        for name in [&self.db_outboxd, &self.db_classic, &self.db_scale] {
+        for name in [
+            &self.db_outboxd,
+            &self.db_classic,
+            &self.db_scale,
+            &self.db_ordering,
+            &self.db_ordered_claim,
+        ] {
             if let Err(err) = db::drop_database(&self.admin, name).await {
                 first_err.get_or_insert(err);
             }
@@ -347,7 +369,7 @@ fn steps(plan: &Plan) -> u64 {
     if plan.scale {
         n += (plan.history.len() * plan.pending.len()) as u64 + 1;
     }
-    n
+    n + crate::ordering::steps(plan)
 }
 
 pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
@@ -380,13 +402,14 @@ pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
     if plan.scale {
         scale(ctx, plan, &mut results).await?;
     }
+    crate::ordering::run(ctx, plan, &mut results).await?;
     results.commands = ctx.commands.lock().await.clone();
     Ok(results)
 }
 
 /// Runs `f` up to three times: other test suites share this broker and
 /// database, and some of them close every connection on the broker.
-async fn retried<T, F, Fut>(ctx: &Ctx, what: &str, mut f: F) -> anyhow::Result<T>
+pub async fn retried<T, F, Fut>(ctx: &Ctx, what: &str, mut f: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
@@ -466,9 +489,21 @@ async fn drain(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
 /// Empties the table and the queue, fills `n` pending events, and settles the
 /// database (VACUUM ANALYZE, CHECKPOINT) so every run starts alike.
 async fn prepare_backlog(ctx: &Ctx, db_name: &str, shape: Shape, n: u64) -> anyhow::Result<()> {
-    let mut conn = db::connect(&ctx.url(db_name)?).await?;
+    prepare_backlog_in(ctx, db_name, "public", shape, n, db::AGGREGATES).await
+}
+
+/// [`prepare_backlog`] of `schema.outbox`, its events spread over `aggregates`.
+async fn prepare_backlog_in(
+    ctx: &Ctx,
+    db_name: &str,
+    schema: &str,
+    shape: Shape,
+    n: u64,
+    aggregates: u64,
+) -> anyhow::Result<()> {
+    let mut conn = db::connect_in(&ctx.url(db_name)?, schema).await?;
     db::truncate(&mut conn).await?;
-    db::fill_pending(&mut conn, shape, 1, n).await?;
+    db::fill_pending(&mut conn, shape, 1, n, aggregates).await?;
     db::vacuum_analyze(&mut conn).await?;
     db::checkpoint(&mut conn).await?;
     let _ = conn.close().await;
@@ -477,8 +512,13 @@ async fn prepare_backlog(ctx: &Ctx, db_name: &str, shape: Shape, n: u64) -> anyh
 }
 
 fn drain_deadline(n: u64) -> Instant {
-    // Generous: even 200 events/s finishes; a stuck run fails instead of hanging.
-    Instant::now() + Duration::from_secs(60 + n / 200)
+    Instant::now() + drain_budget(n)
+}
+
+/// How long a drain of `n` events may take. Generous: even 200 events/s
+/// finishes; a stuck run fails instead of hanging.
+pub fn drain_budget(n: u64) -> Duration {
+    Duration::from_secs(60 + n / 200)
 }
 
 /// Waits for every message in the queue and no pending row. Returns the time it
@@ -486,13 +526,14 @@ fn drain_deadline(n: u64) -> Instant {
 async fn wait_drained(
     ctx: &Ctx,
     db_name: &str,
+    schema: &str,
     n: u64,
     deadline: Instant,
 ) -> anyhow::Result<(Instant, i64)> {
     if !ctx.rabbit.wait_depth(n, deadline).await? {
         bail!("drain: the queue did not reach {n} messages in time");
     }
-    let mut conn = db::connect(&ctx.url(db_name)?).await?;
+    let mut conn = db::connect_in(&ctx.url(db_name)?, schema).await?;
     let mut queries = 0i64;
     for _ in 0..1_000_000 {
         queries += 1;
@@ -511,10 +552,63 @@ async fn wait_drained(
 }
 
 async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::Result<DrainRun> {
-    let db_name = &ctx.db_outboxd;
-    prepare_backlog(ctx, db_name, Shape::Outboxd, n).await?;
-    let (outboxd, addr) =
-        procs::start_outboxd(&ctx.bins, &ctx.url(db_name)?, &ctx.log_dir, "drain").await?;
+    let table = OutboxdTable {
+        db_name: &ctx.db_outboxd,
+        schema: "public",
+        outbox: None,
+        aggregates: db::AGGREGATES,
+        tag: "drain",
+    };
+    drain_outboxd_on(ctx, &table, n, batch, workers, drain_budget(n)).await
+}
+
+/// The table an outboxd drain runs on, and how outboxd is told of it.
+pub struct OutboxdTable<'a> {
+    pub db_name: &'a str,
+    /// Where its `outbox` table is.
+    pub schema: &'a str,
+    /// outboxd's `--outbox` argument (`default=…`, the relay's outbox); `None`:
+    /// outboxd's default, `public.outbox`.
+    pub outbox: Option<String>,
+    /// The backlog's events are spread over this many aggregates.
+    pub aggregates: u64,
+    /// Names the processes' logs.
+    pub tag: &'a str,
+}
+
+/// A drain of `n` events by outboxd + outbox-relay from `table`, failed
+/// when it takes longer than `budget`.
+pub async fn drain_outboxd_on(
+    ctx: &Ctx,
+    table: &OutboxdTable<'_>,
+    n: u64,
+    batch: u32,
+    workers: u32,
+    budget: Duration,
+) -> anyhow::Result<DrainRun> {
+    let db_name = table.db_name;
+    prepare_backlog_in(
+        ctx,
+        db_name,
+        table.schema,
+        Shape::Outboxd,
+        n,
+        table.aggregates,
+    )
+    .await?;
+    let extra: Vec<&str> = table
+        .outbox
+        .as_deref()
+        .map(|arg| vec!["--outbox", arg])
+        .unwrap_or_default();
+    let (outboxd, addr) = procs::start_outboxd_with(
+        &ctx.bins,
+        &ctx.url(db_name)?,
+        &ctx.log_dir,
+        table.tag,
+        &extra,
+    )
+    .await?;
     ctx.record(&outboxd.cmdline).await;
     let x0 = db::xacts(&ctx.admin, db_name).await?;
     let started = Instant::now();
@@ -526,10 +620,15 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         concurrency: workers,
     };
     let footprint = Footprint::start(ctx).await?;
-    let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, "drain")?;
+    let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, table.tag)?;
     ctx.record(&relay.cmdline).await;
-    let waited = wait_drained(ctx, db_name, n, drain_deadline(n)).await;
+    let holdback = outboxd.metrics.map(HoldbackWatch::start);
+    let waited = wait_drained(ctx, db_name, table.schema, n, Instant::now() + budget).await;
     let (machine, wal_per_event) = footprint.since(ctx, n).await?;
+    let holdback_secs = match holdback {
+        Some(watch) => watch.max().await,
+        None => None,
+    };
     let usage_outboxd = outboxd.usage();
     let usage_relay = relay.usage();
     let (batches, cycle) = outboxd_cycle(&outboxd, &relay).await;
@@ -550,7 +649,46 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         batches,
         wal_per_event,
         cycle,
+        holdback_secs,
     })
+}
+
+/// Samples outboxd's `outbox_commit_order_holdback_seconds` every 500 ms
+/// through a drain; its largest value (over every outbox), `None` when
+/// outboxd never exported it.
+struct HoldbackWatch {
+    largest: Arc<std::sync::Mutex<Option<f64>>>,
+    task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl HoldbackWatch {
+    const METRIC: &str = "outbox_commit_order_holdback_seconds";
+
+    fn start(metrics: std::net::SocketAddr) -> Self {
+        let largest = Arc::new(std::sync::Mutex::new(None::<f64>));
+        let seen = Arc::clone(&largest);
+        let task = tokio::spawn(async move {
+            for _ in 0..1_000_000 {
+                if let Ok(scrape) = scrape::fetch(metrics).await
+                    && let Some(v) = scrape::gauge_max(&scrape, Self::METRIC)
+                    && let Ok(mut m) = seen.lock()
+                {
+                    *m = Some(m.map_or(v, |x: f64| x.max(v)));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Self {
+            largest,
+            task: tokio_util::task::AbortOnDropHandle::new(task),
+        }
+    }
+
+    async fn max(self) -> Option<f64> {
+        self.task.abort();
+        let _ = self.task.await;
+        self.largest.lock().ok().and_then(|m| *m)
+    }
 }
 
 /// The whole machine's CPU and the cluster's WAL, from one point of a drain.
@@ -668,7 +806,7 @@ impl<'a> OwnDrain<'a> {
         shared: &classic::Shared,
         cycle: fn([f64; 3]) -> Cycle,
     ) -> anyhow::Result<DrainRun> {
-        let waited = wait_drained(ctx, self.db_name, self.n, self.deadline).await;
+        let waited = wait_drained(ctx, self.db_name, "public", self.n, self.deadline).await;
         let (machine, wal_per_event) = self.footprint.since(ctx, self.n).await?;
         shared.stop.store(true, Ordering::Relaxed);
         join_workers(workers, what).await?;
@@ -688,6 +826,7 @@ impl<'a> OwnDrain<'a> {
             batches: shared.sent_batches.load(Ordering::Relaxed),
             wal_per_event,
             cycle: shared.cycle_ms().map(cycle),
+            holdback_secs: None,
         })
     }
 }
@@ -1383,7 +1522,13 @@ async fn scale_points(
             ctx.progress.doing(format!(
                 "scale: filling published history to {history} rows"
             ));
-            db::fill_history(&mut tables.history, history_now + 1, history - history_now).await?;
+            db::fill_history(
+                &mut tables.history,
+                history_now + 1,
+                history - history_now,
+                db::AGGREGATES,
+            )
+            .await?;
             history_now = history;
         }
         let mut cases: Vec<(u64, u64)> = plan.pending.iter().map(|&p| (p, 0)).collect();
@@ -1429,7 +1574,7 @@ async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::R
         .execute(&mut *conn)
         .await
         .context("clearing pending rows")?;
-    db::fill_pending(conn, Shape::Outboxd, 1, pending).await?;
+    db::fill_pending(conn, Shape::Outboxd, 1, pending, db::AGGREGATES).await?;
     db::vacuum_analyze(conn).await?;
     Ok(())
 }
@@ -1441,7 +1586,12 @@ async fn explain_claim(
     conn: &mut sqlx::PgConnection,
     schema: &str,
 ) -> anyhow::Result<(String, f64)> {
-    let sql = claim_sql(schema);
+    explain(conn, &claim_sql(schema)).await
+}
+
+/// A statement under `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back: its plan
+/// and execution time, milliseconds.
+pub async fn explain(conn: &mut sqlx::PgConnection, sql: &str) -> anyhow::Result<(String, f64)> {
     let mut tx = conn.begin().await.context("BEGIN")?;
     let lines: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS, WAL) {sql}"
@@ -1460,13 +1610,21 @@ async fn explain_claim(
 
 /// outboxd's claim statement for `schema.outbox`, its names quoted as outboxd
 /// quotes them and its parameters bound to a claim of 100 for 60 s.
-fn claim_sql(schema: &str) -> String {
-    CLAIM_SQL
-        // An unordered outbox's claim (see outboxd's `statements.rs`).
-        .replace("{expired_order}", "")
-        .replace("{fresh_order}", "")
-        .replace("{lease_aggregate}", "NULL")
-        .replace("{table}", &format!("\"{schema}\".\"outbox\""))
+pub fn claim_sql(schema: &str) -> String {
+    bind_claim(
+        &CLAIM_SQL
+            // An unordered outbox's claim (see outboxd's `statements.rs`).
+            .replace("{expired_order}", "")
+            .replace("{fresh_order}", "")
+            .replace("{lease_aggregate}", "NULL"),
+        schema,
+    )
+}
+
+/// A claim statement (`sql`, outboxd's with its ordering placeholders filled)
+/// for `schema.outbox`, bound as [`claim_sql`] binds it.
+pub fn bind_claim(sql: &str, schema: &str) -> String {
+    sql.replace("{table}", &format!("\"{schema}\".\"outbox\""))
         .replace("{leases}", &format!("\"{schema}\".\"{}\"", db::LEASES))
         .replace("$1", "100")
         .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
@@ -1478,10 +1636,23 @@ fn claim_sql(schema: &str) -> String {
 }
 
 /// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack.
-async fn claim_once(
+pub async fn claim_once(
     client: &mut OutboxServiceClient<tonic::transport::Channel>,
     outbox: &str,
 ) -> anyhow::Result<f64> {
+    let (elapsed, got) = claim_counted(client, outbox).await?;
+    if got != 100 {
+        bail!("scale: a claim returned {got} messages, not 100");
+    }
+    Ok(elapsed)
+}
+
+/// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack: the
+/// milliseconds it took and the messages it returned.
+pub async fn claim_counted(
+    client: &mut OutboxServiceClient<tonic::transport::Channel>,
+    outbox: &str,
+) -> anyhow::Result<(f64, usize)> {
     let request = pb::ClaimBatchRequest {
         outbox: outbox.to_owned(),
         worker_id: "outbox-bench".into(),
@@ -1500,11 +1671,8 @@ async fn claim_once(
         .context("ClaimBatch")?
         .into_inner();
     let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-    if batch.messages.len() != 100 {
-        bail!(
-            "scale: a claim returned {} messages, not 100",
-            batch.messages.len()
-        );
+    if batch.messages.is_empty() {
+        return Ok((elapsed, 0));
     }
     let ack = pb::AckRequest {
         outbox: outbox.to_owned(),
@@ -1515,7 +1683,7 @@ async fn claim_once(
         .await
         .context("Ack timed out")?
         .context("Ack")?;
-    Ok(elapsed)
+    Ok((elapsed, batch.messages.len()))
 }
 
 /// Claims from the point's table and from the empty table in turn (the order

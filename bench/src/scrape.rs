@@ -51,3 +51,16 @@ pub fn mean_ms(scrape: &Scrape, name: &str, label: &str, value: &str) -> Option<
     let (sum, count) = histogram(scrape, name, label, value);
     (count > 0.0).then(|| sum / count * 1e3)
 }
+
+/// The largest value of a gauge over its label sets, `None` when absent.
+pub fn gauge_max(scrape: &Scrape, name: &str) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter_map(|s| match s.value {
+            Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .reduce(f64::max)
+}
