@@ -82,16 +82,10 @@ impl PgOutbox {
         ids: Vec<Uuid>,
         more: impl FnOnce(SettleQuery) -> SettleQuery,
     ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
-        let mut conn = self.session.conn().await?;
         let query = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(lease_id.as_uuid())
             .bind(ids);
-        let rows = self
-            .session
-            .bounded(more(query).fetch_all(&mut *conn))
-            .await?;
-        conn.finish();
-        Ok(rows)
+        self.fetch(more(query)).await
     }
 
     /// Runs a statement that returns one row of stats.
@@ -103,6 +97,14 @@ impl PgOutbox {
             .await?;
         conn.finish();
         stats_of(&row)
+    }
+
+    /// Runs one query, its binds done, and returns its rows.
+    async fn fetch(&self, query: SettleQuery) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+        let mut conn = self.session.conn().await?;
+        let rows = self.session.bounded(query.fetch_all(&mut *conn)).await?;
+        conn.finish();
+        Ok(rows)
     }
 
     /// Probes the commit-order guard (`guard.rs`) of an ordered outbox: the
@@ -345,19 +347,13 @@ impl AdminStore for PgOutbox {
         aggregate_id: Option<&str>,
         page: PageRequest,
     ) -> Result<Page<DeadLetter>, StoreError> {
-        let mut conn = self.session.conn().await?;
-        let rows = self
-            .session
-            .bounded(
-                sqlx::query(AssertSqlSafe(self.sql().dead_letters.clone()))
-                    .bind(page.after.unwrap_or(i64::MIN))
-                    .bind(aggregate_id)
-                    .bind(i64::from(page.size) + 1)
-                    .fetch_all(&mut *conn),
-            )
-            .await?;
-        conn.finish();
-        let items = rows
+        let query = sqlx::query(AssertSqlSafe(self.sql().dead_letters.clone()))
+            .bind(page.after.unwrap_or(i64::MIN))
+            .bind(aggregate_id.map(str::to_owned))
+            .bind(i64::from(page.size) + 1);
+        let items = self
+            .fetch(query)
+            .await?
             .iter()
             .map(dead_letter)
             .collect::<Result<Vec<_>, _>>()?;
@@ -371,18 +367,12 @@ impl AdminStore for PgOutbox {
                 next: None,
             });
         };
-        let mut conn = self.session.conn().await?;
-        let rows = self
-            .session
-            .bounded(
-                sqlx::query(AssertSqlSafe(sql.clone()))
-                    .bind(page.after.unwrap_or(i64::MIN))
-                    .bind(i64::from(page.size) + 1)
-                    .fetch_all(&mut *conn),
-            )
-            .await?;
-        conn.finish();
-        let items = rows
+        let query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(page.after.unwrap_or(i64::MIN))
+            .bind(i64::from(page.size) + 1);
+        let items = self
+            .fetch(query)
+            .await?
             .iter()
             .map(blocked_key)
             .collect::<Result<Vec<_>, _>>()?;
