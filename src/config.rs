@@ -2,18 +2,20 @@
 //! anything is bound: a bad value exits with code 64 and one line saying which
 //! and why (the parsing itself is `outbox_runtime::cli`, shared with the relay).
 
-use std::{str::FromStr, time::Duration};
+use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use outbox_runtime::cli::{ListenAddr, LogArgs, parse_duration};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::{
+    auth::AuthSettings,
     lease::{
         BackoffPolicy, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits, MAX_RETRY_AFTER,
     },
     outbox::{OutboxArg, OutboxPolicy, OutboxSpec},
     store::ConnectSettings,
+    tls::TlsSettings,
 };
 
 pub use outbox_runtime::cli::{EXIT_CONFIG, LogFormat, Sources, invalid_config, parse_args};
@@ -114,8 +116,52 @@ pub struct ServeArgs {
     pub log: LogArgs,
 
     /// gRPC listen address: HOST:PORT, the host an IP address or a name.
-    #[arg(long, env = "OUTBOXD_LISTEN", default_value = "0.0.0.0:50051")]
-    pub listen: ListenAddr,
+    /// Default: 0.0.0.0:50051 with --auth-tokens or --allow-unauthenticated,
+    /// 127.0.0.1:50051 without (an open API is reachable from this host only).
+    #[arg(long, env = "OUTBOXD_LISTEN")]
+    pub listen: Option<ListenAddr>,
+
+    /// Serve the API without authorisation on a non-loopback address. Without
+    /// it and without --auth-tokens, outboxd listens on loopback only.
+    #[arg(long, env = "OUTBOXD_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// Turn on authorisation: a file of lines `NAME CREDENTIAL SCOPE...`
+    /// (README, "Security"). Re-read on SIGHUP and when it changes.
+    #[arg(long, env = "OUTBOXD_AUTH_TOKENS", value_name = "PATH")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Serve gRPC over TLS with this PEM certificate chain (needs --tls-key).
+    /// Re-read when the file changes, without a restart.
+    #[arg(long, env = "OUTBOXD_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "OUTBOXD_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this PEM CA (mutual TLS).
+    #[arg(long, env = "OUTBOXD_TLS_CLIENT_CA", value_name = "PATH")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// How often the certificate and key files are checked for a change.
+    #[arg(long, env = "OUTBOXD_TLS_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "5s")]
+    pub tls_reload_interval: Duration,
+
+    /// A second, plaintext port that serves only `grpc.health.v1`: for probes
+    /// that cannot speak TLS (Kubernetes' gRPC probes) when the API port does.
+    #[arg(long, env = "OUTBOXD_HEALTH_LISTEN", value_name = "HOST:PORT")]
+    pub health_listen: Option<ListenAddr>,
+
+    /// Long-polling ClaimBatch calls allowed to wait at once, over all
+    /// outboxes; one more is refused with RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "OUTBOXD_MAX_WAITING_CLAIMS", default_value_t = 1024)]
+    pub max_waiting_claims: u32,
+
+    /// Largest request accepted, in bytes (gRPC's own default); a larger one
+    /// is refused with RESOURCE_EXHAUSTED before it is decoded.
+    #[arg(long, env = "OUTBOXD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
 
     /// Prometheus metrics address (`GET /metrics`); the relay's default is
     /// 9091, so both run side by side with their defaults.
@@ -225,11 +271,23 @@ impl DatabaseConfig {
     }
 }
 
+/// Default of `--max-request-bytes`: gRPC's usual 4 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
 /// Server settings, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database: DatabaseConfig,
     pub listen: ListenAddr,
+    /// Authorisation, when `--auth-tokens` is given.
+    pub auth: Option<AuthSettings>,
+    /// The API is open to whoever reaches the port: no `--auth-tokens`.
+    pub unauthenticated: bool,
+    /// TLS on the API port, when `--tls-cert` is given.
+    pub tls: Option<TlsSettings>,
+    pub health_listen: Option<ListenAddr>,
+    pub max_waiting_claims: u32,
+    pub max_request_bytes: usize,
     pub metrics_listen: ListenAddr,
     pub metrics_interval: Duration,
     pub migrate: bool,
@@ -350,9 +408,33 @@ impl ServeArgs {
         if self.retention_batch == 0 {
             return Err("--retention-batch must be at least 1".into());
         }
+        if self.max_waiting_claims == 0 {
+            return Err("--max-waiting-claims must be at least 1".into());
+        }
+        if self.max_request_bytes < 1024 {
+            return Err("--max-request-bytes must be at least 1024".into());
+        }
+        let tls = self.tls_settings()?;
+        let auth = match &self.auth_tokens {
+            Some(path) => {
+                let auth = AuthSettings {
+                    tokens_file: path.clone(),
+                };
+                auth.check()?;
+                Some(auth)
+            }
+            None => None,
+        };
+        let listen = self.listen_addr(auth.is_some())?;
         Ok(Config {
             database,
-            listen: self.listen.clone(),
+            listen,
+            unauthenticated: auth.is_none(),
+            auth,
+            tls,
+            health_listen: self.health_listen.clone(),
+            max_waiting_claims: self.max_waiting_claims,
+            max_request_bytes: self.max_request_bytes,
             metrics_listen: self.metrics_listen.clone(),
             metrics_interval: self.metrics_interval,
             migrate: !self.no_migrate,
@@ -373,6 +455,60 @@ impl ServeArgs {
             health_interval: self.health_interval,
             drain_timeout: self.drain_timeout,
         })
+    }
+}
+
+impl ServeArgs {
+    /// The API's address. Without authorisation it must be loopback unless
+    /// the operator says otherwise: an open API on a network lets anyone ack
+    /// (lose) events.
+    fn listen_addr(&self, authorised: bool) -> Result<ListenAddr, String> {
+        let open = authorised || self.allow_unauthenticated;
+        let listen = match &self.listen {
+            Some(listen) => listen.clone(),
+            None if open => ListenAddr::Ip(([0, 0, 0, 0], 50051).into()),
+            None => ListenAddr::Ip(([127, 0, 0, 1], 50051).into()),
+        };
+        if !open && !is_loopback(&listen) {
+            return Err(format!(
+                "--listen {listen} is not a loopback address and there is no --auth-tokens: anyone who reaches the port could ack events without publishing them; give --auth-tokens, or --allow-unauthenticated to serve openly"
+            ));
+        }
+        Ok(listen)
+    }
+
+    fn tls_settings(&self) -> Result<Option<TlsSettings>, String> {
+        let (cert, key) = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+            (None, None) if self.tls_client_ca.is_some() => {
+                return Err("--tls-client-ca needs --tls-cert and --tls-key".into());
+            }
+            (None, None) => return Ok(None),
+            (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+            (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+        };
+        if self.tls_reload_interval.is_zero() {
+            return Err("--tls-reload-interval must be positive".into());
+        }
+        let tls = TlsSettings {
+            cert,
+            key,
+            client_ca: self.tls_client_ca.clone(),
+            reload_interval: self.tls_reload_interval,
+        };
+        tls.check()?;
+        Ok(Some(tls))
+    }
+}
+
+/// Whether only this host can reach the address: a loopback IP, or the name
+/// `localhost`. Any other name might resolve to a routable address.
+fn is_loopback(listen: &ListenAddr) -> bool {
+    match listen {
+        ListenAddr::Ip(addr) => addr.ip().is_loopback(),
+        ListenAddr::Name { host, .. } => {
+            host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost.")
+        }
     }
 }
 
@@ -410,7 +546,10 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let config = serve(&["--database-url", "postgres://u:secret@db:5432/app"]).expect("valid");
-        assert_eq!(config.listen, "0.0.0.0:50051".parse().expect("addr"));
+        assert_eq!(config.listen, "127.0.0.1:50051".parse().expect("addr"));
+        assert!(config.unauthenticated);
+        assert_eq!(config.max_waiting_claims, 1024);
+        assert_eq!(config.max_request_bytes, 4 * 1024 * 1024);
         assert_eq!(config.limits.max_batch, 1000);
         assert_eq!(config.limits.default_lease, Duration::from_secs(30));
         assert_eq!(config.limits.max_wait, Duration::from_secs(20));
@@ -424,6 +563,43 @@ mod tests {
         assert_eq!(default.policy.max_attempts, 10);
         assert_eq!(default.policy.retention, Duration::from_secs(7 * 24 * 3600));
         assert!(config.migrate);
+    }
+
+    #[test]
+    fn an_open_api_listens_on_loopback_unless_allowed() {
+        let url = "postgres://localhost/app";
+        let open = serve(&["--database-url", url, "--allow-unauthenticated"]).expect("valid");
+        assert_eq!(open.listen, "0.0.0.0:50051".parse().expect("addr"));
+        assert!(open.unauthenticated);
+        for local in ["127.0.0.1:7000", "[::1]:7000", "localhost:7000"] {
+            assert!(serve(&["--database-url", url, "--listen", local]).is_ok());
+        }
+        for public in ["0.0.0.0:7000", "10.1.2.3:7000", "[::]:7000", "outboxd:7000"] {
+            let err = serve(&["--database-url", url, "--listen", public]).expect_err(public);
+            assert!(err.contains("--auth-tokens"), "{err}");
+            assert!(
+                serve(&[
+                    "--database-url",
+                    url,
+                    "--listen",
+                    public,
+                    "--allow-unauthenticated"
+                ])
+                .is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs() {
+        let url = "postgres://localhost/app";
+        let err = serve(&["--database-url", url, "--tls-cert", "/c.pem"]).expect_err("no key");
+        assert!(err.contains("--tls-key"), "{err}");
+        let err = serve(&["--database-url", url, "--tls-key", "/k.pem"]).expect_err("no cert");
+        assert!(err.contains("--tls-cert"), "{err}");
+        let err = serve(&["--database-url", url, "--tls-client-ca", "/ca.pem"]).expect_err("ca");
+        assert!(err.contains("--tls-cert"), "{err}");
+        assert!(serve(&["--database-url", url, "--max-waiting-claims", "0"]).is_err());
     }
 
     #[test]

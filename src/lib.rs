@@ -32,6 +32,8 @@ pub mod pb {
 }
 
 #[cfg(feature = "server")]
+pub mod auth;
+#[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
 mod error;
@@ -53,6 +55,8 @@ pub mod store;
 pub mod tasks;
 #[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
+pub mod tls;
 #[cfg(feature = "server")]
 pub mod wakeup;
 #[cfg(feature = "server")]
