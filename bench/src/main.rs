@@ -29,6 +29,7 @@ mod rabbit;
 mod report;
 mod scenarios;
 mod scrape;
+mod security;
 mod stats;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -46,11 +47,12 @@ pub struct Args {
     pub quick: bool,
 
     /// Scenarios to run (comma-separated): drain, producers, latency, scale, ordered-drain, ordered-claim,
-    /// hot-aggregate (`ordering` stands for the last three).
+    /// hot-aggregate (`ordering` stands for these three), secure-pairs, secure-drain (`security`
+    /// stands for these two).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "drain,producers,latency,scale,ordered-drain,ordered-claim,hot-aggregate"
+        default_value = "drain,producers,latency,scale,ordered-drain,ordered-claim,hot-aggregate,secure-pairs,secure-drain"
     )]
     pub scenarios: Vec<String>,
 
@@ -131,6 +133,11 @@ pub struct Args {
     #[arg(long)]
     pub hot_events: Option<u64>,
 
+    /// Security: timed claim→ack pairs per batch size and per side
+    /// (plaintext, TLS + token).
+    #[arg(long)]
+    pub secure_claims: Option<usize>,
+
     /// Directory holding the `outboxd` and `outbox-relay` binaries.
     #[arg(long, default_value = "target/release")]
     pub bin_dir: PathBuf,
@@ -182,10 +189,14 @@ pub struct Plan {
     pub ordered_pending: u64,
     pub ordered_claims: usize,
     pub hot_events: u64,
+    pub secure_pairs: bool,
+    pub secure_drain: bool,
+    pub secure_claims: usize,
 }
 
-/// The scenarios `--scenarios` accepts; `ordering` stands for the last three.
-const SCENARIOS: [&str; 7] = [
+/// The scenarios `--scenarios` accepts; `ordering` stands for the three
+/// ordered ones, `security` for the last two.
+const SCENARIOS: [&str; 9] = [
     "drain",
     "producers",
     "latency",
@@ -193,20 +204,24 @@ const SCENARIOS: [&str; 7] = [
     "ordered-drain",
     "ordered-claim",
     "hot-aggregate",
+    "secure-pairs",
+    "secure-drain",
 ];
 
 impl Plan {
     fn from_args(a: &Args) -> anyhow::Result<Self> {
         let q = a.quick;
         let has = |s: &str| {
-            a.scenarios
-                .iter()
-                .any(|x| x.trim() == s || (x.trim() == "ordering" && SCENARIOS[4..].contains(&s)))
+            a.scenarios.iter().any(|x| {
+                x.trim() == s
+                    || (x.trim() == "ordering" && SCENARIOS[4..7].contains(&s))
+                    || (x.trim() == "security" && SCENARIOS[7..].contains(&s))
+            })
         };
         for s in &a.scenarios {
             anyhow::ensure!(
-                SCENARIOS.contains(&s.trim()) || s.trim() == "ordering",
-                "unknown scenario {s:?} ({}, or ordering for the last three)",
+                SCENARIOS.contains(&s.trim()) || ["ordering", "security"].contains(&s.trim()),
+                "unknown scenario {s:?} ({}, or ordering, security)",
                 SCENARIOS.join(", ")
             );
         }
@@ -219,6 +234,9 @@ impl Plan {
             ordered_drain: has("ordered-drain"),
             ordered_claim: has("ordered-claim"),
             hot: has("hot-aggregate"),
+            secure_pairs: has("secure-pairs"),
+            secure_drain: has("secure-drain"),
+            secure_claims: a.secure_claims.unwrap_or(if q { 20 } else { 500 }),
             reps: a.reps.unwrap_or(if q { 1 } else { 3 }),
             events: a.events.unwrap_or(if q { 4_000 } else { 200_000 }),
             batch_sizes: if q && a.batch_sizes == [100, 1000] {
@@ -307,6 +325,10 @@ impl Plan {
         anyhow::ensure!(
             plan.ordered_history <= 100_000_000,
             "--ordered-history must be at most 100M"
+        );
+        anyhow::ensure!(
+            (1..=100_000).contains(&plan.secure_claims),
+            "--secure-claims must be 1..=100000"
         );
         anyhow::ensure!(
             plan.hot_events >= 1 && plan.hot_events <= 1_000_000,

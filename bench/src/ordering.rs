@@ -253,6 +253,7 @@ async fn drain(
         outbox: Some(order.outbox_arg(&format!("{}.outbox", order.schema()))),
         aggregates,
         tag: order.schema(),
+        secure: None,
     };
     scenarios::drain_outboxd_on(ctx, &table, n, batch, workers, budget).await
 }

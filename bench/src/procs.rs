@@ -219,8 +219,34 @@ pub async fn start_outboxd_with(
     tag: &str,
     extra: &[&str],
 ) -> anyhow::Result<(Proc, SocketAddr)> {
+    start_outboxd_secured(bins, db_url, log_dir, tag, extra, None).await
+}
+
+/// The files of the API's trust boundary (issue #34): outboxd serves TLS with
+/// `cert`/`key` and authorises by `tokens`; the relay trusts `ca` and sends
+/// the token in `token_file`.
+#[derive(Debug, Clone)]
+pub struct Secure {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub tokens: PathBuf,
+    pub token_file: PathBuf,
+}
+
+/// outboxd, over TLS with authorisation when `secure` is given; readiness is
+/// then asked on its plaintext `--health-listen` port.
+pub async fn start_outboxd_secured(
+    bins: &Binaries,
+    db_url: &str,
+    log_dir: &Path,
+    tag: &str,
+    extra: &[&str],
+    secure: Option<&Secure>,
+) -> anyhow::Result<(Proc, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut health = addr;
     let mut args = vec![
         "--database-url".to_owned(),
         db_url.to_owned(),
@@ -230,9 +256,22 @@ pub async fn start_outboxd_with(
         metrics.to_string(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    if let Some(secure) = secure {
+        health = format!("127.0.0.1:{}", free_port()?).parse()?;
+        for (flag, path) in [
+            ("--tls-cert", &secure.cert),
+            ("--tls-key", &secure.key),
+            ("--auth-tokens", &secure.tokens),
+        ] {
+            args.push(flag.to_owned());
+            args.push(path.display().to_string());
+        }
+        args.push("--health-listen".to_owned());
+        args.push(health.to_string());
+    }
     let mut proc = Proc::spawn(&format!("outboxd-{tag}"), &bins.outboxd, &args, log_dir)?;
     proc.metrics = Some(metrics);
-    proc.wait_serving(addr, Duration::from_secs(60)).await?;
+    proc.wait_serving(health, Duration::from_secs(60)).await?;
     Ok((proc, addr))
 }
 
@@ -242,6 +281,8 @@ pub struct RelayOpts<'a> {
     pub exchange: &'a str,
     pub batch: u32,
     pub concurrency: u32,
+    /// TLS to outboxd (by the name `localhost`) and a bearer token.
+    pub secure: Option<&'a Secure>,
 }
 
 pub fn start_relay(
@@ -251,9 +292,13 @@ pub fn start_relay(
     tag: &str,
 ) -> anyhow::Result<Proc> {
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let args = vec![
+    let server = match o.secure {
+        Some(_) => format!("https://localhost:{}", o.server.port()),
+        None => format!("http://{}", o.server),
+    };
+    let mut args = vec![
         "--server".to_owned(),
-        format!("http://{}", o.server),
+        server,
         "--amqp-url".to_owned(),
         o.amqp_url.to_owned(),
         "--exchange".to_owned(),
@@ -268,6 +313,15 @@ pub fn start_relay(
         "--metrics-listen".to_owned(),
         metrics.to_string(),
     ];
+    if let Some(secure) = o.secure {
+        for (flag, path) in [
+            ("--tls-ca", &secure.ca),
+            ("--token-file", &secure.token_file),
+        ] {
+            args.push(flag.to_owned());
+            args.push(path.display().to_string());
+        }
+    }
     let mut proc = Proc::spawn(&format!("relay-{tag}"), &bins.relay, &args, log_dir)?;
     proc.metrics = Some(metrics);
     Ok(proc)

@@ -118,6 +118,9 @@ fn cost_check(
 pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
     let mut out = checks_32(plan, r);
     out.extend(checks_33(plan, r));
+    if let Some(sec) = &r.security {
+        out.extend(crate::security::checks(sec));
+    }
     out
 }
 
@@ -314,6 +317,9 @@ pub fn render(
         cost_section(&mut s, r);
     }
     ordering_section(&mut s, plan, r);
+    if let Some(sec) = &r.security {
+        crate::security::section(&mut s, sec);
+    }
 
     let _ = writeln!(s, "## Commands\n");
     let _ = writeln!(
@@ -1036,6 +1042,9 @@ mod tests {
             ordered_pending: 100_000,
             ordered_claims: 200,
             hot_events: 5_000,
+            secure_pairs: true,
+            secure_drain: true,
+            secure_claims: 500,
         }
     }
 

@@ -218,6 +218,8 @@ pub struct Results {
     pub ordered_claim: Option<crate::ordering::OrderedClaim>,
     /// Issue #33: drains of a single aggregate's events, ordered.
     pub hot: Option<crate::ordering::HotCase>,
+    /// Issue #34: the API over TLS with a token against plaintext.
+    pub security: Option<crate::security::Security>,
 }
 
 pub struct Ctx {
@@ -233,6 +235,8 @@ pub struct Ctx {
     pub db_ordering: String,
     /// Issue #33's claims with history.
     pub db_ordered_claim: String,
+    /// Issue #34's claim→ack pairs and drains.
+    pub db_security: String,
     pub progress: Progress,
     commands: Mutex<Vec<String>>,
     pub log_dir: PathBuf,
@@ -265,6 +269,7 @@ impl Ctx {
             db_scale: format!("{prefix}_s"),
             db_ordering: format!("{prefix}_a"),
             db_ordered_claim: format!("{prefix}_h"),
+            db_security: format!("{prefix}_t"),
             prefix,
             progress: Progress::new(steps),
             commands: Mutex::new(Vec::new()),
@@ -306,6 +311,7 @@ impl Ctx {
             &self.db_scale,
             &self.db_ordering,
             &self.db_ordered_claim,
+            &self.db_security,
         ] {
             if let Err(err) = db::drop_database(&self.admin, name).await {
                 first_err.get_or_insert(err);
@@ -318,7 +324,7 @@ impl Ctx {
         first_err.map_or(Ok(()), Err)
     }
 
-    async fn migrate(&self, db_name: &str) -> anyhow::Result<()> {
+    pub async fn migrate(&self, db_name: &str) -> anyhow::Result<()> {
         let url = self.url(db_name)?;
         let args = vec!["migrate".to_owned(), "--database-url".to_owned(), url];
         let mut proc = procs::Proc::spawn(
@@ -369,7 +375,7 @@ fn steps(plan: &Plan) -> u64 {
     if plan.scale {
         n += (plan.history.len() * plan.pending.len()) as u64 + 1;
     }
-    n + crate::ordering::steps(plan)
+    n + crate::ordering::steps(plan) + crate::security::steps(plan)
 }
 
 pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
@@ -403,6 +409,7 @@ pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
         scale(ctx, plan, &mut results).await?;
     }
     crate::ordering::run(ctx, plan, &mut results).await?;
+    crate::security::run(ctx, plan, &mut results).await?;
     results.commands = ctx.commands.lock().await.clone();
     Ok(results)
 }
@@ -493,7 +500,7 @@ async fn prepare_backlog(ctx: &Ctx, db_name: &str, shape: Shape, n: u64) -> anyh
 }
 
 /// [`prepare_backlog`] of `schema.outbox`, its events spread over `aggregates`.
-async fn prepare_backlog_in(
+pub async fn prepare_backlog_in(
     ctx: &Ctx,
     db_name: &str,
     schema: &str,
@@ -558,6 +565,7 @@ async fn drain_outboxd(ctx: &Ctx, n: u64, batch: u32, workers: u32) -> anyhow::R
         outbox: None,
         aggregates: db::AGGREGATES,
         tag: "drain",
+        secure: None,
     };
     drain_outboxd_on(ctx, &table, n, batch, workers, drain_budget(n)).await
 }
@@ -574,6 +582,8 @@ pub struct OutboxdTable<'a> {
     pub aggregates: u64,
     /// Names the processes' logs.
     pub tag: &'a str,
+    /// outboxd over TLS with a token, and the relay configured for it.
+    pub secure: Option<&'a procs::Secure>,
 }
 
 /// A drain of `n` events by outboxd + outbox-relay from `table`, failed
@@ -601,12 +611,13 @@ pub async fn drain_outboxd_on(
         .as_deref()
         .map(|arg| vec!["--outbox", arg])
         .unwrap_or_default();
-    let (outboxd, addr) = procs::start_outboxd_with(
+    let (outboxd, addr) = procs::start_outboxd_secured(
         &ctx.bins,
         &ctx.url(db_name)?,
         &ctx.log_dir,
         table.tag,
         &extra,
+        table.secure,
     )
     .await?;
     ctx.record(&outboxd.cmdline).await;
@@ -618,6 +629,7 @@ pub async fn drain_outboxd_on(
         exchange: &ctx.rabbit.exchange,
         batch,
         concurrency: workers,
+        secure: table.secure,
     };
     let footprint = Footprint::start(ctx).await?;
     let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, table.tag)?;
@@ -1750,6 +1762,7 @@ async fn start_outboxd_service(
             exchange: &ctx.rabbit.exchange,
             batch: plan.latency_batch,
             concurrency: plan.latency_workers,
+            secure: None,
         };
         let relay = procs::start_relay(&ctx.bins, &opts, &ctx.log_dir, label)?;
         ctx.record(&relay.cmdline).await;
