@@ -248,3 +248,6 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     first.as_str().ok().map(str::to_owned)
 }
 
+
+#[cfg(test)]
+mod tests;
