@@ -122,6 +122,8 @@ fn summarise(flag: &str, cert: &CertificateDer<'_>) -> Result<Summary, String> {
     Ok(Summary {
         subject: parsed.subject().to_string(),
         serial: parsed.raw_serial_as_string(),
-        not_after: not_after.to_rfc2822().unwrap_or_else(|_| not_after.to_string()),
+        not_after: not_after
+            .to_rfc2822()
+            .unwrap_or_else(|_| not_after.to_string()),
     })
 }

@@ -248,6 +248,5 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     first.as_str().ok().map(str::to_owned)
 }
 
-
 #[cfg(test)]
 mod tests;

@@ -37,7 +37,10 @@ fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
     params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA")
 }
 
@@ -167,7 +170,10 @@ fn a_key_that_is_not_the_certificates_is_refused() {
     let key = dir.write("tls.key", &other.key);
     refused(
         &settings(&cert, &key, None),
-        &["--tls-key", "is not the key of the certificate in --tls-cert"],
+        &[
+            "--tls-key",
+            "is not the key of the certificate in --tls-cert",
+        ],
     );
 }
 
@@ -246,7 +252,11 @@ fn the_reloader_swaps_in_changed_files_and_keeps_serving_through_broken_ones() {
         Reload::Reloaded(summary) => assert!(summary.subject.contains("second"), "{summary:?}"),
         other => panic!("expected a reload, got {other:?}"),
     }
-    assert_eq!(serving(&tls), second.der, "the clone serves the new one too");
+    assert_eq!(
+        serving(&tls),
+        second.der,
+        "the clone serves the new one too"
+    );
     assert!(matches!(reloader.poll(), Reload::Unchanged));
 
     // Half a rotation: a new certificate with the old key.

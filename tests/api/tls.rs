@@ -48,8 +48,7 @@ async fn check_health(
             .check(HealthCheckRequest::default())
             .await
             .map_err(|s| format!("check: {}", error_chain(&s)))?;
-        Ok(ServingStatus::try_from(response.into_inner().status)
-            .unwrap_or(ServingStatus::Unknown))
+        Ok(ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown))
     };
     within(secs(15), "a health check on a new connection", attempt).await
 }
@@ -194,10 +193,14 @@ async fn peer_common_name_is_the_cn_of_the_verified_client_certificate() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let stop = CancellationToken::new();
-    let server = tokio::spawn(Server::builder().add_service(probe).serve_with_incoming_shutdown(
-        incoming(listener, tls.acceptor()),
-        stop.clone().cancelled_owned(),
-    ));
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(probe)
+            .serve_with_incoming_shutdown(
+                incoming(listener, tls.acceptor()),
+                stop.clone().cancelled_owned(),
+            ),
+    );
 
     let client = server_ca
         .client_tls()
@@ -263,16 +266,23 @@ async fn a_broken_rotation_keeps_the_previous_certificate() {
     let second_ca = Ca::new("second CA");
     let first = first_ca.server(1);
     let app = TestApp::spawn_with(|args| {
-        serve_tls(args, &dir, &first, first_ca.client_tls())
-            .set("--tls-reload-interval", "50ms");
+        serve_tls(args, &dir, &first, first_ca.client_tls()).set("--tls-reload-interval", "50ms");
     })
     .await;
 
     let new = second_ca.server(2);
     // Each, for 20 reload intervals: new connections still get the first certificate.
     for (what, cert, key) in [
-        ("a certificate file that is not PEM", "junk\n", first.key.as_str()),
-        ("a key of another certificate", new.cert.as_str(), first.key.as_str()),
+        (
+            "a certificate file that is not PEM",
+            "junk\n",
+            first.key.as_str(),
+        ),
+        (
+            "a key of another certificate",
+            new.cert.as_str(),
+            first.key.as_str(),
+        ),
         ("an empty key file", first.cert.as_str(), ""),
     ] {
         dir.write("tls.crt", cert);
@@ -409,16 +419,33 @@ async fn bad_tls_files_at_start_exit_64_naming_the_flag() {
         (
             "the key of another certificate",
             &["--tls-cert", &other_cert, "--tls-key", &key],
-            &["--tls-key", "is not the key of the certificate in --tls-cert"],
+            &[
+                "--tls-key",
+                "is not the key of the certificate in --tls-cert",
+            ],
         ),
         (
             "a client CA file without a certificate",
-            &["--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &key],
+            &[
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-ca",
+                &key,
+            ],
             &["--tls-client-ca", "no certificate in the file"],
         ),
         (
             "a missing client CA file",
-            &["--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &missing],
+            &[
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-ca",
+                &missing,
+            ],
             &["--tls-client-ca", "cannot read"],
         ),
     ];

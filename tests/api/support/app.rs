@@ -106,8 +106,8 @@ fn args_for(
 impl ServerArgs {
     fn config(&self) -> Config {
         let argv = self.argv();
-    let cli = <Cli as clap::Parser>::try_parse_from(&argv)
-        .unwrap_or_else(|e| panic!("test server arguments {argv:?} do not parse: {e}"));
+        let cli = <Cli as clap::Parser>::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("test server arguments {argv:?} do not parse: {e}"));
         cli.serve
             .validate()
             .unwrap_or_else(|e| panic!("test server arguments {argv:?} are invalid: {e}"))

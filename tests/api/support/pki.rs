@@ -103,8 +103,9 @@ impl Ca {
 
     /// A server certificate for `localhost` and 127.0.0.1 with this serial.
     pub fn server(&self, serial: u64) -> Pair {
-        let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("server params");
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("server params");
         params
             .distinguished_name
             .push(DnType::CommonName, format!("outboxd {serial}"));
