@@ -29,6 +29,7 @@ use crate::{
     service::{AdminService, OutboxService, Outboxes},
     store::{self, AdoptMode, PgStore, Store},
     tasks::{Supervisor, gauges, health, retention},
+    tls::{self, ServerTls},
     watch,
 };
 
@@ -43,13 +44,25 @@ pub struct Server {
     store: PgStore,
     listener: TcpListener,
     metrics_listener: TcpListener,
+    /// `--health-listen`: health only, in plaintext, for probes.
+    health_listener: Option<TcpListener>,
+    /// TLS on the API port (`--tls-cert`).
+    tls: Option<ServerTls>,
 }
 
 impl Server {
-    /// Binds both listeners first, so a port in use fails before any
-    /// connection or migration; then waits for the database (see
-    /// `store::connect`), migrates unless told not to, and checks the tables.
+    /// Reads the TLS files and binds the listeners first, so a bad file or a
+    /// port in use fails before any connection or migration; then waits for
+    /// the database (see `store::connect`), migrates unless told not to, and
+    /// checks the tables.
     pub async fn build(config: Config, cancel: &CancellationToken) -> Result<Self, StartError> {
+        // Checked at validation already; read again in case they changed since.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(ServerTls::new)
+            .transpose()
+            .map_err(StartError::Config)?;
         let listener = config
             .listen
             .bind("--listen (OUTBOXD_LISTEN)")
@@ -60,6 +73,14 @@ impl Server {
             .bind("--metrics-listen (OUTBOXD_METRICS_LISTEN)")
             .await
             .map_err(StartError::Listen)?;
+        let health_listener = match &config.health_listen {
+            Some(addr) => Some(
+                addr.bind("--health-listen (OUTBOXD_HEALTH_LISTEN)")
+                    .await
+                    .map_err(StartError::Listen)?,
+            ),
+            None => None,
+        };
         let db = &config.database;
         let pool = store::connect(&db.connect_settings(None), cancel).await?;
         let prepare = async {
@@ -83,6 +104,8 @@ impl Server {
             store,
             listener,
             metrics_listener,
+            health_listener,
+            tls,
         })
     }
 
@@ -94,6 +117,14 @@ impl Server {
         self.metrics_listener.local_addr()
     }
 
+    /// Where `--health-listen` answers, when given.
+    pub fn health_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        self.health_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+    }
+
     /// Serves until `shutdown`, then stops in the order [`Running::stop`] gives.
     pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Self {
@@ -101,6 +132,8 @@ impl Server {
             store,
             listener,
             metrics_listener,
+            health_listener,
+            tls,
         } = self;
         let addr = listener.local_addr()?;
         let outboxes = Outboxes::new(store.outboxes());
@@ -116,6 +149,18 @@ impl Server {
             "metrics endpoint",
             metrics::serve(metrics_listener, metrics.clone(), stop.clone()),
         );
+        if let Some(listener) = health_listener {
+            // Stops with the tasks, after the drain: probes see NOT_SERVING
+            // while RPCs drain rather than a refused connection.
+            tasks.spawn(
+                "health listener",
+                serve_health(health_service.clone(), listener, stop.clone()),
+            );
+        }
+        if let Some(tls) = &tls {
+            tls.log_serving();
+            tasks.spawn("tls reload", tls.clone().reload(stop.clone()));
+        }
         tasks.spawn(
             "gauges",
             gauges::sample_gauges(
@@ -166,7 +211,14 @@ impl Server {
         );
         let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
         let stop_accepting = CancellationToken::new();
-        let grpc = spawn_grpc(api, admin, health_service, listener, stop_accepting.clone())?;
+        let grpc = spawn_grpc(
+            api,
+            admin,
+            health_service,
+            listener,
+            tls.as_ref().map(ServerTls::acceptor),
+            stop_accepting.clone(),
+        )?;
         tracing::info!(%addr, outboxes = ?store.specs().map(|s| s.name.as_str()).collect::<Vec<_>>(), "serving");
 
         let mut running = Running {
@@ -241,12 +293,13 @@ impl Running {
 
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
 /// API and its admin service, health, and reflection (both versions, for old
-/// and new grpcurl).
+/// and new grpcurl); over TLS with `tls`.
 fn spawn_grpc<H>(
     api: OutboxApi,
     admin: AdminApi,
     health_service: H,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     stop_accepting: CancellationToken,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>>
 where
@@ -277,10 +330,35 @@ where
         .add_service(reflection().build_v1alpha()?)
         .add_service(OutboxServiceServer::new(api))
         .add_service(OutboxAdminServer::new(admin));
-    Ok(tokio::spawn(router.serve_with_incoming_shutdown(
-        TcpIncoming::from(listener).with_nodelay(Some(true)),
-        stop_accepting.cancelled_owned(),
-    )))
+    let stopped = stop_accepting.cancelled_owned();
+    Ok(match tls {
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stopped,
+        )),
+        Some(acceptor) => tokio::spawn(
+            router.serve_with_incoming_shutdown(tls::incoming(listener, acceptor), stopped),
+        ),
+    })
+}
+
+/// `--health-listen`: `grpc.health.v1` alone, in plaintext, with the API
+/// port's statuses, for probes that cannot speak TLS.
+async fn serve_health<T: tonic_health::pb::health_server::Health>(
+    health_service: tonic_health::pb::health_server::HealthServer<T>,
+    listener: TcpListener,
+    stop: CancellationToken,
+) {
+    let served = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop.cancelled_owned(),
+        )
+        .await;
+    if let Err(error) = served {
+        tracing::error!(%error, "the health listener failed");
+    }
 }
 
 /// tonic refuses a request over its size limit with OUT_OF_RANGE; gRPC's

@@ -24,6 +24,10 @@ pub enum StartError {
     /// A listen address cannot be bound (in use, not resolvable): configuration.
     #[error("{0}")]
     Listen(String),
+    /// A file a flag names (the TLS certificate, say) became unusable between
+    /// validation and start: configuration.
+    #[error("{0}")]
+    Config(String),
     /// The database refuses outboxd, or stayed unreachable past the start-up
     /// timeout, or lacks a table outboxd may not create: no retry will help.
     #[error("{0}")]
@@ -36,12 +40,12 @@ pub enum StartError {
 }
 
 impl StartError {
-    /// 64 (EX_USAGE) for a listen address, 69 (EX_UNAVAILABLE) for the
+    /// 64 (EX_USAGE) for a listen address or a file, 69 (EX_UNAVAILABLE) for the
     /// database, 1 otherwise. An interrupted start is the caller's to judge:
     /// the server was asked to stop (0), a migration did not finish (1).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Listen(_) => crate::config::EXIT_CONFIG as u8,
+            Self::Listen(_) | Self::Config(_) => crate::config::EXIT_CONFIG as u8,
             Self::Database(_) => EXIT_DATABASE,
             Self::Interrupted | Self::Other(_) => 1,
         }

@@ -27,4 +27,5 @@ mod startup;
 mod stats;
 mod store_conformance;
 mod timeouts;
+mod tls;
 mod validation;

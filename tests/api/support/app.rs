@@ -12,7 +12,7 @@ use outboxd::{
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
 use super::{Proxy, TestDb, logs::init_tracing, within};
@@ -27,11 +27,16 @@ pub(super) const RPC_GUARD: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct ServerArgs {
     args: Vec<(String, Option<String>)>,
+    /// How the test's clients reach a server with `--tls-cert`.
+    client_tls: Option<ClientTlsConfig>,
 }
 
 impl ServerArgs {
     fn new(database_url: String) -> Self {
-        let mut args = Self { args: Vec::new() };
+        let mut args = Self {
+            args: Vec::new(),
+            client_tls: None,
+        };
         args.set("--database-url", database_url)
             .set("--listen", "127.0.0.1:0")
             .set("--metrics-listen", "127.0.0.1:0")
@@ -60,6 +65,13 @@ impl ServerArgs {
         self
     }
 
+    /// The TLS the test's clients connect with (`https`), for a server
+    /// given `--tls-cert`.
+    pub fn client_tls(&mut self, tls: ClientTlsConfig) -> &mut Self {
+        self.client_tls = Some(tls);
+        self
+    }
+
     fn argv(&self) -> Vec<String> {
         let mut argv = vec!["outboxd".to_owned()];
         for (flag, value) in &self.args {
@@ -77,15 +89,29 @@ pub fn config_for(
     database: SocketAddr,
     customize: impl FnOnce(&mut ServerArgs),
 ) -> Config {
+    args_for(db, database, customize).config()
+}
+
+fn args_for(
+    db: &TestDb,
+    database: SocketAddr,
+    customize: impl FnOnce(&mut ServerArgs),
+) -> ServerArgs {
     init_tracing();
     let mut args = ServerArgs::new(db.url_via(database));
     customize(&mut args);
-    let argv = args.argv();
-    let cli = <Cli as clap::Parser>::try_parse_from(&argv)
-        .unwrap_or_else(|e| panic!("test server arguments {argv:?} do not parse: {e}"));
-    cli.serve
-        .validate()
-        .unwrap_or_else(|e| panic!("test server arguments {argv:?} are invalid: {e}"))
+    args
+}
+
+impl ServerArgs {
+    fn config(&self) -> Config {
+        let argv = self.argv();
+        let cli = <Cli as clap::Parser>::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("test server arguments {argv:?} do not parse: {e}"));
+        cli.serve
+            .validate()
+            .unwrap_or_else(|e| panic!("test server arguments {argv:?} are invalid: {e}"))
+    }
 }
 
 /// One running outboxd, its clients and its database.
@@ -94,6 +120,10 @@ pub struct TestApp {
     pub addr: SocketAddr,
     /// Where `GET /metrics` answers.
     pub metrics_addr: SocketAddr,
+    /// Where `--health-listen` answers, when given.
+    pub health_addr: Option<SocketAddr>,
+    /// What clients connect with: `https` when set.
+    pub client_tls: Option<ClientTlsConfig>,
     pub client: Client,
     pub health: HealthClient<Channel>,
     /// Between this server and PostgreSQL: `take_down()` is "database down".
@@ -134,7 +164,8 @@ impl TestApp {
         proxy: Proxy,
         customize: impl FnOnce(&mut ServerArgs),
     ) -> anyhow::Result<Self> {
-        let config = config_for(&db, proxy.addr(), customize);
+        let args = args_for(&db, proxy.addr(), customize);
+        let config = args.config();
         let build_cancel = CancellationToken::new();
         let server = within(
             RPC_GUARD,
@@ -144,14 +175,15 @@ impl TestApp {
         .await?;
         let addr = server.local_addr()?;
         let metrics_addr = server.metrics_addr()?;
+        let health_addr = server.health_addr()?;
         let shutdown = CancellationToken::new();
         let serve = tokio::spawn(server.serve(shutdown.clone()));
-        let channel = Channel::from_shared(format!("http://{addr}"))?
-            .connect()
-            .await?;
+        let channel = endpoint(addr, args.client_tls.as_ref())?.connect().await?;
         Ok(Self {
             addr,
             metrics_addr,
+            health_addr,
+            client_tls: args.client_tls,
             client: OutboxServiceClient::new(channel.clone()),
             health: HealthClient::new(channel),
             proxy,
@@ -165,11 +197,19 @@ impl TestApp {
         &self.db.pool
     }
 
+    /// Where a new connection to this server goes, with the test's TLS.
+    pub fn endpoint(&self) -> Endpoint {
+        endpoint(self.addr, self.client_tls.as_ref()).expect("the server's endpoint")
+    }
+
     /// A client on a connection of its own.
     pub async fn new_client(&self) -> Client {
-        OutboxServiceClient::connect(format!("http://{}", self.addr))
+        let channel = self
+            .endpoint()
+            .connect()
             .await
-            .expect("connect a gRPC client")
+            .expect("connect a gRPC client");
+        OutboxServiceClient::new(channel)
     }
 
     /// Starts the graceful shutdown and waits up to `limit` for `serve` to return.
@@ -180,6 +220,15 @@ impl TestApp {
             .await
             .expect("the serve task does not panic")
     }
+}
+
+/// `http://ADDR`, or `https://ADDR` with `tls` (which names the server
+/// `localhost`, the name its test certificate has).
+pub fn endpoint(addr: SocketAddr, tls: Option<&ClientTlsConfig>) -> anyhow::Result<Endpoint> {
+    Ok(match tls {
+        None => Endpoint::from_shared(format!("http://{addr}"))?,
+        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.clone())?,
+    })
 }
 
 impl Drop for TestApp {

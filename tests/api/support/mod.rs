@@ -7,6 +7,7 @@
 //! - [`rows`]: the producer's side and the table's state, read directly;
 //! - [`metrics`]: the server's `/metrics`, scraped;
 //! - [`run`]: the binary run to completion, for its exit code and output;
+//! - [`pki`]: certificates made in the test, for TLS;
 //! - [`logs`]: where the server's logs and spans go;
 //! - [`otlp`]: an in-process OTLP collector for the spans.
 //!
@@ -17,6 +18,7 @@ mod app;
 mod logs;
 mod metrics;
 pub mod otlp;
+pub mod pki;
 mod rows;
 mod rpc;
 mod run;
@@ -26,7 +28,7 @@ pub use crate::shared::{
     proxy::Proxy,
     wait::{millis, secs, wait_until, within},
 };
-pub use app::{ServerArgs, TestApp, config_for};
+pub use app::{ServerArgs, TestApp, config_for, endpoint};
 pub use metrics::gauge;
 pub use rows::insert_plain;
 pub use rpc::{
