@@ -107,20 +107,18 @@ impl ServerTls {
             ..
         } = &self.summary;
         self.summary.warn_if_outside_validity();
-        tracing::info!(
-            cert = %self.settings.cert.display(),
-            %subject,
-            %serial,
-            %not_after,
-            mutual = self.settings.client_ca.is_some(),
-            client_ca = ?self.settings.client_ca,
-            "{}",
-            if self.settings.client_ca.is_some() {
-                "TLS on the API port, with mutual TLS: clients need a certificate signed by the client CA"
-            } else {
-                "TLS on the API port"
-            }
-        );
+        let cert = self.settings.cert.display();
+        match &self.settings.client_ca {
+            Some(client_ca) => tracing::info!(
+                %cert,
+                %subject,
+                %serial,
+                %not_after,
+                client_ca = %client_ca.display(),
+                "TLS on the API port, and mutual TLS: clients need a certificate signed by the client CA"
+            ),
+            None => tracing::info!(%cert, %subject, %serial, %not_after, "TLS on the API port"),
+        }
     }
 
     /// The reload task: every `--tls-reload-interval`, re-reads the files by
