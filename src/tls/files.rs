@@ -39,6 +39,8 @@ pub(super) struct Summary {
     pub(super) subject: String,
     pub(super) serial: String,
     pub(super) not_after: String,
+    /// Expired or not yet valid: clients will refuse it.
+    pub(super) outside_validity: bool,
 }
 
 impl Loaded {
@@ -125,5 +127,6 @@ fn summarise(flag: &str, cert: &CertificateDer<'_>) -> Result<Summary, String> {
         not_after: not_after
             .to_rfc2822()
             .unwrap_or_else(|_| not_after.to_string()),
+        outside_validity: !parsed.validity().is_valid(),
     })
 }

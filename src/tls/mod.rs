@@ -104,21 +104,21 @@ impl ServerTls {
             subject,
             serial,
             not_after,
+            ..
         } = &self.summary;
-        tracing::info!(
-            cert = %self.settings.cert.display(),
-            %subject,
-            %serial,
-            %not_after,
-            mutual = self.settings.client_ca.is_some(),
-            client_ca = ?self.settings.client_ca,
-            "{}",
-            if self.settings.client_ca.is_some() {
-                "TLS on the API port, with mutual TLS: clients need a certificate signed by the client CA"
-            } else {
-                "TLS on the API port"
-            }
-        );
+        self.summary.warn_if_outside_validity();
+        let cert = self.settings.cert.display();
+        match &self.settings.client_ca {
+            Some(client_ca) => tracing::info!(
+                %cert,
+                %subject,
+                %serial,
+                %not_after,
+                client_ca = %client_ca.display(),
+                "TLS on the API port, and mutual TLS: clients need a certificate signed by the client CA"
+            ),
+            None => tracing::info!(%cert, %subject, %serial, %not_after, "TLS on the API port"),
+        }
     }
 
     /// The reload task: every `--tls-reload-interval`, re-reads the files by
@@ -135,22 +135,40 @@ impl ServerTls {
             }
             match reloader.poll() {
                 Reload::Unchanged => {}
-                Reload::Reloaded(Summary {
-                    subject,
-                    serial,
-                    not_after,
-                }) => tracing::info!(
-                    cert = %reloader.tls.settings.cert.display(),
-                    %subject,
-                    %serial,
-                    %not_after,
-                    "TLS certificate reloaded"
-                ),
+                Reload::Reloaded(summary) => {
+                    summary.warn_if_outside_validity();
+                    let Summary {
+                        subject,
+                        serial,
+                        not_after,
+                        ..
+                    } = summary;
+                    tracing::info!(
+                        cert = %reloader.tls.settings.cert.display(),
+                        %subject,
+                        %serial,
+                        %not_after,
+                        "TLS certificate reloaded"
+                    );
+                }
                 Reload::Failed(error) => tracing::warn!(
                     %error,
                     "TLS certificate files changed but cannot be used; still serving the previous certificate"
                 ),
             }
+        }
+    }
+}
+
+impl Summary {
+    /// Served anyway (a renewal may be on its way), but said: clients refuse it.
+    fn warn_if_outside_validity(&self) {
+        if self.outside_validity {
+            tracing::warn!(
+                subject = %self.subject,
+                not_after = %self.not_after,
+                "the TLS certificate is expired or not yet valid: clients will refuse it"
+            );
         }
     }
 }
@@ -181,6 +199,8 @@ impl Reloader {
     /// Reads the files (a few kilobytes, on a local or memory volume: read
     /// in place rather than on the blocking pool) and swaps in a certificate
     /// that changed and is usable.
+    /// The two files are not read atomically: a rotation that lands between
+    /// the reads shows as a mismatch once, and is picked up at the next look.
     fn poll(&mut self) -> Reload {
         let now = Pem::read(&self.tls.settings);
         if now == self.seen {

@@ -280,3 +280,25 @@ fn the_reloader_swaps_in_changed_files_and_keeps_serving_through_broken_ones() {
     assert!(matches!(reloader.poll(), Reload::Reloaded(_)));
     assert_eq!(serving(&tls), third.der);
 }
+
+#[test]
+fn an_expired_certificate_is_served_but_flagged() {
+    let dir = Dir::new();
+    let ca = ca("test CA");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &ca).expect("sign");
+    let cert = dir.write("tls.crt", cert.pem());
+    let key = dir.write("tls.key", key.serialize_pem());
+    let tls = ServerTls::new(&settings(&cert, &key, None)).expect("expired is not refused");
+    assert!(tls.summary.outside_validity);
+    assert!(tls.summary.not_after.contains("2001"), "{:?}", tls.summary);
+
+    let fresh = leaf(&ca, "fresh");
+    dir.write("tls.crt", &fresh.cert);
+    dir.write("tls.key", &fresh.key);
+    let tls = ServerTls::new(&settings(&cert, &key, None)).expect("good files");
+    assert!(!tls.summary.outside_validity);
+}
