@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 use lapin::{
     Connection,
     options::{BasicConsumeOptions, ExchangeDeleteOptions, QueueDeleteOptions},
+    tcp::OwnedTLSConfig,
     types::{AMQPValue, FieldTable},
 };
 
@@ -53,7 +54,7 @@ impl Harness for RabbitMqHarness {
             std::process::id()
         );
         let url = format!("amqp://guest:guest@{UPSTREAM}/%2f");
-        let admin = connect(&url, "outbox-relay conformance")
+        let admin = connect(&url, &OwnedTLSConfig::default(), "outbox-relay conformance")
             .await
             .unwrap_or_else(|e| panic!("RabbitMQ at {UPSTREAM} (guest/guest): {e}"));
         Self {
@@ -80,6 +81,7 @@ impl Harness for RabbitMqHarness {
         }
         let config = RabbitMqConfig {
             url: format!("amqp://guest:guest@{addr}/%2f"),
+            tls: OwnedTLSConfig::default(),
             exchange,
             declare: true,
             routing_key: RoutingKey::parse("{event_type}").expect("template"),
