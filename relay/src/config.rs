@@ -259,6 +259,7 @@ impl RelayArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credentials::tests::Scratch;
 
     #[test]
     fn defaults_match_the_documented_ones() {
@@ -350,5 +351,125 @@ mod tests {
         }
         // Bytes, not characters: 128 two-byte characters are 256 bytes.
         assert!(relay(&["--bind-queue", &"é".repeat(128)]).is_err());
+    }
+
+    /// A CA, a client certificate and its key, and a token, in `dir`.
+    fn tls_files(dir: &Scratch) -> [String; 4] {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("rcgen");
+        let cert = dir.file("cert.pem", made.cert.pem().as_bytes());
+        let key = dir.file("key.pem", made.signing_key.serialize_pem().as_bytes());
+        let token = dir.file("token", b"t0ken\n");
+        [&cert, &cert, &key, &token].map(|p| p.to_str().expect("utf-8").to_owned())
+    }
+
+    #[test]
+    fn tls_flags_need_an_https_server_and_come_with_what_they_need() {
+        let dir = Scratch::new("config-tls");
+        let [ca, cert, key, _] = tls_files(&dir);
+        let https = "https://outboxd:50051";
+        let config = relay(&["--server", https, "--tls-ca", &ca]).expect("valid");
+        assert!(config.tls.is_some());
+        let mutual = [
+            "--server",
+            https,
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ];
+        assert!(relay(&mutual).expect("valid").tls.is_some());
+        assert!(
+            relay(&[]).expect("valid").tls.is_none(),
+            "http:// is plaintext"
+        );
+        for (args, says) in [
+            (vec!["--server", https], "needs --tls-ca"),
+            (vec!["--tls-ca", &ca], "--tls-ca needs an https:// --server"),
+            (
+                vec!["--tls-cert", &cert, "--tls-key", &key],
+                "--tls-cert needs an https://",
+            ),
+            (vec!["--tls-key", &key], "--tls-key needs an https://"),
+            (
+                vec!["--server", https, "--tls-ca", &ca, "--tls-cert", &cert],
+                "--tls-cert needs --tls-key",
+            ),
+            (
+                vec!["--server", https, "--tls-ca", &ca, "--tls-key", &key],
+                "--tls-key needs --tls-cert",
+            ),
+            (vec!["--server", https, "--tls-ca", &key], "--tls-ca"),
+            (
+                vec![
+                    "--server",
+                    https,
+                    "--tls-ca",
+                    &ca,
+                    "--tls-cert",
+                    &cert,
+                    "--tls-key",
+                    &ca,
+                ],
+                "no PEM private key",
+            ),
+            (
+                vec!["--server", https, "--tls-ca", "/nonexistent/ca.pem"],
+                "/nonexistent/ca.pem",
+            ),
+        ] {
+            let err = relay(&args).expect_err(says);
+            assert!(err.contains(says) && !err.contains('\n'), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_token_file_is_read_at_start_and_must_not_be_empty() {
+        let dir = Scratch::new("config-token");
+        let [.., token] = tls_files(&dir);
+        let config = relay(&["--token-file", &token]).expect("valid");
+        let file = config.token.as_ref().expect("token file");
+        assert!(file.token.is("t0ken"), "trimmed");
+        let empty = dir.file("empty", b"\n");
+        let empty = empty.to_str().expect("utf-8");
+        for (path, says) in [
+            (empty, "empty"),
+            ("/nonexistent/token", "/nonexistent/token"),
+        ] {
+            let err = relay(&["--token-file", path]).expect_err(says);
+            assert!(
+                err.starts_with("--token-file") && err.contains(says),
+                "{err}"
+            );
+        }
+        assert!(
+            !format!("{config:?}").contains("t0ken"),
+            "Debug shows no token"
+        );
+    }
+
+    #[test]
+    fn an_amqp_ca_needs_an_amqps_url() {
+        let dir = Scratch::new("config-amqp");
+        let [ca, .., token] = tls_files(&dir);
+        let amqps = "amqps://guest:guest@rabbitmq:5671/%2f";
+        let config = relay(&["--amqp-url", amqps, "--amqp-tls-ca", &ca]).expect("valid");
+        assert!(
+            rabbitmq(&config)
+                .tls
+                .cert_chain
+                .as_deref()
+                .is_some_and(|pem| pem.contains("BEGIN CERTIFICATE"))
+        );
+        let system_roots = relay(&["--amqp-url", amqps]).expect("system roots");
+        assert!(rabbitmq(&system_roots).tls.cert_chain.is_none());
+        let err = relay(&["--amqp-tls-ca", &ca]).expect_err("amqp://");
+        assert!(err.contains("--amqp-tls-ca needs an amqps://"), "{err}");
+        let err = relay(&["--amqp-url", amqps, "--amqp-tls-ca", &token]).expect_err("not PEM");
+        assert!(
+            err.starts_with("--amqp-tls-ca") && err.contains("no PEM certificate"),
+            "{err}"
+        );
     }
 }

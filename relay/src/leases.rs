@@ -150,3 +150,7 @@ impl Leases for GrpcLeases {
         .await
     }
 }
+
+#[cfg(test)]
+#[path = "leases_tests.rs"]
+mod tests;
