@@ -393,8 +393,9 @@ def test_chart_reaches_every_flag(render):
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     # Values whose default ("") leaves the variable to outboxd's own default.
     server_unset = {"dbStartTimeout": "10m"}
-    tls_on = {"tls": {"enabled": True, "existingSecret": "tls"}, "auth": {"tokensSecret": "tokens"}}
-    relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"}}
+    tls_on = {"tls": {"enabled": True, "existingSecret": "tls", "clientCA": True}, "auth": {"tokensSecret": "tokens"}}
+    relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"},
+                 "tls": {"clientCertSecret": "relay-cert"}}
     for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on, "config": server_unset},
                    {**tls_on, "relay": relay_tls}]:
         r = render(values)
@@ -626,8 +627,7 @@ def test_tls_from_a_secret(render):
     mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
     assert mount["readOnly"] is True and "subPath" not in mount
     assert not r.of("Certificate")
-    service = r.one("Service", "server") if False else next(
-        s for s in r.of("Service") if s["metadata"]["name"] == r.server()["metadata"]["name"])
+    service = next(s for s in r.of("Service") if s["metadata"]["name"] == r.server()["metadata"]["name"])
     health = next(p for p in service["spec"]["ports"] if p["name"] == "health")
     assert health["targetPort"] == "health"
     # The NetworkPolicy lets the kubelet's probes (from the node) reach the health port only.
