@@ -378,8 +378,9 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     try:
         return validate(args)
     except ValueError as err:
-        parser.error(str(err))
-        raise  # unreachable: parser.error exits
+        # One line and EX_USAGE (64), as the Rust relay exits on bad configuration.
+        print(f"{parser.prog}: invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(64) from None
 
 
 def validate(args: argparse.Namespace) -> Config:

@@ -399,8 +399,10 @@ def config_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """The one-line usage error parse_config exits with."""
     with pytest.raises(SystemExit) as exited:
         relay.parse_config(argv)
-    assert exited.value.code != 0
-    return capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 64, "EX_USAGE, as the Rust relay"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def test_https_turns_tls_on_with_the_given_ca_and_client_certificate(pki: dict[str, str]) -> None:
