@@ -148,6 +148,10 @@ class Config:
 
     server: str
     secure: bool
+    #: TLS to outboxd (an https:// --server); None for plaintext.
+    tls: ChannelTls | None
+    #: The bearer token file (--token-file), read once already; None without one.
+    token: TokenFile | None
     outbox: str
     amqp_url: str = dataclasses.field(repr=False)  # holds the password
     exchange: str
@@ -192,6 +196,120 @@ def redact_url(raw: str) -> str:
     return urllib.parse.urlunsplit(url._replace(netloc=netloc))
 
 
+#: How often --token-file is re-read: a few seconds, well inside the time
+#: Kubernetes itself takes to update a mounted Secret.
+TOKEN_POLL = 5.0
+
+
+def read_token(path: str) -> str:
+    """The token in ``path``: the file's text with surrounding whitespace trimmed.
+
+    Errors never contain the file's text. A token is visible ASCII (RFC 6750's
+    token68): a space or a control character would break the header.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: {getattr(err, 'strerror', None) or err}") from None
+    if not text:
+        raise ValueError(f"{path}: the file is empty")
+    if not all(33 <= ord(c) <= 126 for c in text):
+        raise ValueError(f"{path}: the token has characters other than visible ASCII")
+    return text
+
+
+class TokenFile:
+    """--token-file: the bearer token every call carries, re-read while the
+    relay runs so a rotated Secret reaches it without a restart. A failed
+    re-read keeps the token in use (a Secret being rewritten is briefly missing
+    or empty) and warns once per distinct reason. Its repr shows no token."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._token = read_token(path)
+        self._lock = threading.Lock()
+        self._failing: str | None = None
+
+    def __repr__(self) -> str:
+        return f"TokenFile({self.path!r})"
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata: works on plaintext channels too, where grpc
+        refuses call credentials."""
+        with self._lock:
+            return (("authorization", f"Bearer {self._token}"),)
+
+    def reload(self) -> bool:
+        """Re-reads the file; True when the token changed."""
+        try:
+            token = read_token(self.path)
+        except ValueError as err:
+            if self._failing != str(err):
+                self._failing = str(err)
+                log.warning("cannot re-read the token file; keeping the token in use path=%s reason=%s",
+                            self.path, err)
+            return False
+        if self._failing is not None:
+            self._failing = None
+            log.info("token file readable again path=%s", self.path)
+        with self._lock:
+            if token == self._token:
+                return False
+            self._token = token
+        log.info("token file changed; calls use the new token path=%s", self.path)
+        return True
+
+    def watch(self, stop: threading.Event, every: float = TOKEN_POLL) -> None:
+        """Re-reads the file every ``every`` seconds until ``stop``."""
+        while not stop.wait(every):
+            self.reload()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelTls:
+    """TLS to outboxd: the CA to check its certificate by (None: the system's
+    roots) and the client certificate and key for mutual TLS. PEM bytes."""
+
+    ca: bytes | None = dataclasses.field(repr=False)
+    cert: bytes | None = dataclasses.field(repr=False)
+    key: bytes | None = dataclasses.field(repr=False)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
+
+
+def read_pem(flag: str, path: str, kind: str) -> bytes:
+    """The PEM file at ``path``, checked to hold a ``kind`` block (CERTIFICATE,
+    PRIVATE KEY) so a wrong file fails at start, not at the first handshake.
+    Errors name the flag and never contain the file's content."""
+    try:
+        pem = Path(path).read_bytes()
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: {err.strerror or err}") from None
+    if not re.search(rb"-----BEGIN [A-Z ]*" + kind.encode() + rb"-----", pem):
+        raise ValueError(f"{flag} {path}: no PEM {kind.lower()} in the file")
+    return pem
+
+
+def channel_tls(args: argparse.Namespace, secure: bool) -> ChannelTls | None:
+    """The TLS flags, read and checked: they need an https:// --server, and
+    the client certificate comes with its key."""
+    flags = (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key))
+    if not secure:
+        for flag, value in flags:
+            if value:
+                raise ValueError(f"{flag} needs an https:// --server, not {args.server!r}")
+        return None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert needs --tls-key" if args.tls_cert else "--tls-key needs --tls-cert")
+    return ChannelTls(
+        ca=read_pem("--tls-ca", args.tls_ca, "CERTIFICATE") if args.tls_ca else None,
+        cert=read_pem("--tls-cert", args.tls_cert, "CERTIFICATE") if args.tls_cert else None,
+        key=read_pem("--tls-key", args.tls_key, "PRIVATE KEY") if args.tls_key else None,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The relay's flags, each with the Rust relay's env var.
 
@@ -212,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     option("--server", "OUTBOX_SERVER", "127.0.0.1:50051",
            "outboxd gRPC target, host:port (http:// and https:// URLs work too)")
+    option("--token-file", "OUTBOX_RELAY_TOKEN_FILE", None,
+           "file holding the bearer token sent on every call (authorization: Bearer), for an outboxd "
+           "run with --auth-tokens; whitespace trimmed, re-read every few seconds", shown="none")
+    option("--tls-ca", "OUTBOX_RELAY_TLS_CA", None,
+           "outboxd's CA certificate (PEM) for an https:// --server", shown="the system's roots")
+    option("--tls-cert", "OUTBOX_RELAY_TLS_CERT", None,
+           "client certificate (PEM) for mutual TLS; needs --tls-key", shown="none")
+    option("--tls-key", "OUTBOX_RELAY_TLS_KEY", None, "the PEM private key of --tls-cert", shown="none")
     option("--outbox", "OUTBOX_RELAY_OUTBOX", "default", "outbox to relay")
     option("--amqp-url", "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f",
            "RabbitMQ URL, amqp:// or amqps://; never logged with its password",
@@ -252,12 +378,14 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     try:
         return validate(args)
     except ValueError as err:
-        parser.error(str(err))
-        raise  # unreachable: parser.error exits
+        # One line and EX_USAGE (64), as the Rust relay exits on bad configuration.
+        print(f"{parser.prog}: invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(64) from None
 
 
 def validate(args: argparse.Namespace) -> Config:
     target, secure = grpc_target(args.server)
+    tls = channel_tls(args, secure)
     if urllib.parse.urlsplit(args.amqp_url).scheme not in ("amqp", "amqps"):
         raise ValueError("--amqp-url must be an amqp:// or amqps:// URL")
     if not 1 <= args.batch_size <= 10_000:
@@ -275,9 +403,17 @@ def validate(args: argparse.Namespace) -> Config:
         worker_id = f"{socket.gethostname()}-{os.getpid()}"
     elif not worker_id.strip() or len(worker_id) > 200:
         raise ValueError("--worker-id must be 1-200 characters")
+    token = None
+    if args.token_file:
+        try:
+            token = TokenFile(args.token_file)
+        except ValueError as err:
+            raise ValueError(f"--token-file {err}") from None
     return Config(
         server=target,
         secure=secure,
+        tls=tls,
+        token=token,
         outbox=args.outbox,
         amqp_url=args.amqp_url,
         exchange=args.exchange,
@@ -430,7 +566,8 @@ class GrpcLeases:
     reconnects by itself; every call carries a deadline, so a silently dead
     connection costs one timeout, not a hang."""
 
-    def __init__(self, target: str, secure: bool) -> None:
+    def __init__(self, target: str, tls: ChannelTls | None = None, token: TokenFile | None = None) -> None:
+        self._token = token
         options = [
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
@@ -444,8 +581,8 @@ class GrpcLeases:
             # default): gRPC's default 4 MiB would refuse that claim.
             ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
         ]
-        if secure:
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(), options)
+        if tls is not None:
+            self._channel = grpc.secure_channel(target, tls.credentials(), options)
         else:
             self._channel = grpc.insecure_channel(target, options)
         self._stub = pb_grpc.OutboxServiceStub(self._channel)
@@ -457,7 +594,7 @@ class GrpcLeases:
         its batch is relayed rather than left to lease expiry.
         """
         wait = request.wait.ToTimedelta().total_seconds() if request.HasField("wait") else 0.0
-        call = self._stub.ClaimBatch.future(request, timeout=CALL_TIMEOUT + wait)
+        call = self._stub.ClaimBatch.future(request, timeout=CALL_TIMEOUT + wait, metadata=self._metadata())
         done = threading.Event()
         call.add_done_callback(lambda _call: done.set())
         while not done.wait(STOP_POLL):
@@ -466,13 +603,17 @@ class GrpcLeases:
         return call.result()
 
     def ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        return self._stub.Ack(request, timeout=CALL_TIMEOUT)
+        return self._stub.Ack(request, timeout=CALL_TIMEOUT, metadata=self._metadata())
 
     def nack(self, request: pb.NackRequest) -> pb.NackResponse:
-        return self._stub.Nack(request, timeout=CALL_TIMEOUT)
+        return self._stub.Nack(request, timeout=CALL_TIMEOUT, metadata=self._metadata())
 
     def extend(self, request: pb.ExtendLeaseRequest) -> pb.ExtendLeaseResponse:
-        return self._stub.ExtendLease(request, timeout=CALL_TIMEOUT)
+        return self._stub.ExtendLease(request, timeout=CALL_TIMEOUT, metadata=self._metadata())
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The token as it is now: a rotated file reaches the next call."""
+        return self._token.metadata() if self._token is not None else ()
 
     def close(self) -> None:
         self._channel.close()
@@ -1156,7 +1297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _request_stop)  # again, for callers of main() other than __main__
     signal.signal(signal.SIGINT, _request_stop)
 
-    leases = GrpcLeases(config.server, config.secure)
+    leases = GrpcLeases(config.server, config.tls, config.token)
+    if config.token is not None:
+        threading.Thread(target=config.token.watch, args=(stop,), name="token-file", daemon=True).start()
     broker = Broker(config)
     settings = Settings(
         outbox=config.outbox,
@@ -1180,8 +1323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker.start()
     for thread in slots:
         thread.start()
-    log.info("relaying server=%s outbox=%s exchange=%s worker_id=%s concurrency=%d",
-             config.server, config.outbox, config.exchange, config.worker_id, config.concurrency)
+    log.info("relaying server=%s tls=%s token_file=%s outbox=%s exchange=%s worker_id=%s concurrency=%d",
+             config.server, config.secure, config.token.path if config.token else None, config.outbox,
+             config.exchange, config.worker_id, config.concurrency)
 
     while not stop.wait(1.0):
         pass

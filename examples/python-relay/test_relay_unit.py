@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import shutil
+import subprocess
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import pytest
@@ -360,3 +363,178 @@ def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_passwords_are_masked() -> None:
     assert relay.redact_url("amqp://guest:secret@host:5672/%2f") == "amqp://guest:redacted@host:5672/%2f"
     assert relay.redact_url("amqp://host/%2f") == "amqp://host/%2f"
+
+
+# --------------------------------------------------------------------------
+# TLS and token options
+# --------------------------------------------------------------------------
+
+TLS_ENV = ("OUTBOX_SERVER", "OUTBOX_RELAY_TOKEN_FILE", "OUTBOX_RELAY_TLS_CA", "OUTBOX_RELAY_TLS_CERT",
+           "OUTBOX_RELAY_TLS_KEY")
+
+
+@pytest.fixture
+def pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A self-signed certificate for localhost (its own CA) and its key, a
+    second one for a client, and a token file; no TLS env vars leak in."""
+    for name in TLS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    files = {}
+    for name, cn in (("server", "localhost"), ("client", "relay")):
+        cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-days", "1", "-subj", f"/CN={cn}", "-addext", f"subjectAltName=DNS:{cn}",
+                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+        files[f"{name}_cert"], files[f"{name}_key"] = str(cert), str(key)
+    token = tmp_path / "token"
+    token.write_text("  s3cret-token\n")
+    files["token"] = str(token)
+    files["dir"] = str(tmp_path)
+    return files
+
+
+def config_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one-line usage error parse_config exits with."""
+    with pytest.raises(SystemExit) as exited:
+        relay.parse_config(argv)
+    assert exited.value.code == 64, "EX_USAGE, as the Rust relay"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_https_turns_tls_on_with_the_given_ca_and_client_certificate(pki: dict[str, str]) -> None:
+    plain = relay.parse_config([])
+    assert plain.tls is None and plain.token is None
+    system_roots = relay.parse_config(["--server", "https://outboxd:50051"])
+    assert system_roots.tls is not None and system_roots.tls.ca is None
+    mutual = relay.parse_config(["--server", "https://outboxd:50051", "--tls-ca", pki["server_cert"],
+                                 "--tls-cert", pki["client_cert"], "--tls-key", pki["client_key"]])
+    assert mutual.tls is not None and mutual.tls.ca and mutual.tls.cert and mutual.tls.key
+    assert b"PRIVATE KEY" not in repr(mutual).encode(), "repr shows no key"
+
+
+def test_tls_flags_need_https_and_come_in_pairs(pki: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    https = ["--server", "https://outboxd:50051"]
+    for argv, says in [
+        (["--tls-ca", pki["server_cert"]], "--tls-ca needs an https:// --server"),
+        (["--server", "outboxd:50051", "--tls-cert", pki["client_cert"]], "--tls-cert needs an https://"),
+        (https + ["--tls-cert", pki["client_cert"]], "--tls-cert needs --tls-key"),
+        (https + ["--tls-key", pki["client_key"]], "--tls-key needs --tls-cert"),
+        (https + ["--tls-ca", pki["token"]], "no PEM certificate"),
+        (https + ["--tls-cert", pki["client_cert"], "--tls-key", pki["client_cert"]], "no PEM private key"),
+        (https + ["--tls-ca", "/nonexistent/ca.pem"], "/nonexistent/ca.pem"),
+    ]:
+        assert says in config_error(argv, capsys), argv
+
+
+def test_tls_flags_come_from_the_rust_relays_env_vars(pki: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_SERVER", "https://outboxd:50051")
+    monkeypatch.setenv("OUTBOX_RELAY_TLS_CA", pki["server_cert"])
+    monkeypatch.setenv("OUTBOX_RELAY_TLS_CERT", pki["client_cert"])
+    monkeypatch.setenv("OUTBOX_RELAY_TLS_KEY", pki["client_key"])
+    monkeypatch.setenv("OUTBOX_RELAY_TOKEN_FILE", pki["token"])
+    config = relay.parse_config([])
+    assert config.tls is not None and config.tls.cert is not None
+    assert config.token is not None and config.token.path == pki["token"]
+
+
+def test_the_token_file_is_trimmed_and_must_hold_a_token(pki: dict[str, str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    config = relay.parse_config(["--token-file", pki["token"]])
+    assert config.token is not None
+    assert config.token.metadata() == (("authorization", "Bearer s3cret-token"),)
+    assert "s3cret" not in repr(config)
+    empty = Path(pki["dir"]) / "empty"
+    empty.write_text("\n")
+    spaced = Path(pki["dir"]) / "spaced"
+    spaced.write_text("two words")
+    for path, says in [(str(empty), "empty"), ("/nonexistent/token", "/nonexistent/token"),
+                       (str(spaced), "visible ASCII")]:
+        err = config_error(["--token-file", path], capsys)
+        assert "--token-file" in err and says in err, err
+        assert "two words" not in err
+
+
+def test_a_changed_token_file_is_used_and_a_failed_read_keeps_the_token(
+        pki: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    token = relay.TokenFile(pki["token"])
+    assert not token.reload(), "unchanged"
+    Path(pki["token"]).write_text("rotated\n")
+    assert token.reload()
+    assert token.metadata() == (("authorization", "Bearer rotated"),)
+    Path(pki["token"]).unlink()
+    assert not token.reload() and not token.reload()
+    assert token.metadata() == (("authorization", "Bearer rotated"),)
+    warnings = [r for r in caplog.records if "cannot re-read the token file" in r.getMessage()]
+    assert len(warnings) == 1, "one warning per reason, not per poll"
+    Path(pki["token"]).write_text("")
+    assert not token.reload()
+    assert token.metadata() == (("authorization", "Bearer rotated"),)
+    Path(pki["token"]).write_text("third")
+    assert token.reload()
+    assert token.metadata() == (("authorization", "Bearer third"),)
+
+
+class _Recorder(relay.pb_grpc.OutboxServiceServicer):
+    """Answers ClaimBatch with nothing and records its authorization header."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+
+    def ClaimBatch(self, request, context):  # noqa: N802 - the generated name
+        self.seen.append(dict(context.invocation_metadata()).get("authorization"))
+        return relay.pb.ClaimBatchResponse()
+
+
+def _serve(recorder: _Recorder, credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, int]:
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    relay.pb_grpc.add_OutboxServiceServicer_to_server(recorder, server)
+    address = "localhost:0"
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    server.start()
+    return server, port
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "mutual-tls"])
+def test_calls_carry_the_token_of_the_file_as_it_changes(pki: dict[str, str], tls: bool) -> None:
+    """Metadata, not call credentials: grpc refuses those on a plaintext channel."""
+    read = lambda name: Path(pki[name]).read_bytes()  # noqa: E731
+    credentials = grpc.ssl_server_credentials([(read("server_key"), read("server_cert"))],
+                                              root_certificates=read("client_cert"),
+                                              require_client_auth=True) if tls else None
+    recorder = _Recorder()
+    server, port = _serve(recorder, credentials)
+    try:
+        argv = ["--server", f"{'https' if tls else 'http'}://localhost:{port}", "--token-file", pki["token"]]
+        if tls:
+            argv += ["--tls-ca", pki["server_cert"], "--tls-cert", pki["client_cert"], "--tls-key", pki["client_key"]]
+        config = relay.parse_config(argv)
+        leases = relay.GrpcLeases(config.server, config.tls, config.token)
+        never = threading.Event()
+        assert leases.claim(relay.pb.ClaimBatchRequest(outbox="default"), never) is not None
+        Path(pki["token"]).write_text("rotated")
+        assert config.token is not None and config.token.reload()
+        assert leases.claim(relay.pb.ClaimBatchRequest(outbox="default"), never) is not None
+        leases.close()
+        assert recorder.seen == ["Bearer s3cret-token", "Bearer rotated"]
+    finally:
+        server.stop(None)
+
+
+def test_a_server_the_ca_did_not_sign_is_refused(pki: dict[str, str]) -> None:
+    read = lambda name: Path(pki[name]).read_bytes()  # noqa: E731
+    recorder = _Recorder()
+    server, port = _serve(recorder, grpc.ssl_server_credentials([(read("server_key"), read("server_cert"))]))
+    try:
+        config = relay.parse_config(["--server", f"https://localhost:{port}", "--tls-ca", pki["client_cert"]])
+        leases = relay.GrpcLeases(config.server, config.tls, config.token)
+        with pytest.raises(grpc.RpcError) as refused:
+            leases.claim(relay.pb.ClaimBatchRequest(outbox="default"), threading.Event())
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        leases.close()
+        assert recorder.seen == []
+    finally:
+        server.stop(None)

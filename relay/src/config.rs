@@ -1,10 +1,13 @@
 //! The relay's flags, each with an env var, validated before anything connects.
 
-use std::{str::FromStr, time::Duration};
+use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use clap::Parser;
 
 use outbox_runtime::cli::{ListenAddr, LogArgs, parse_duration};
+use outboxd::client::ClientTls;
+
+use crate::credentials::{TokenFile, read_certificates, read_private_key};
 
 pub use crate::publishers::rabbitmq::RabbitMqArgs;
 use crate::publishers::rabbitmq::RabbitMqConfig;
@@ -16,6 +19,26 @@ pub struct RelayArgs {
     /// outboxd gRPC endpoint.
     #[arg(long, env = "OUTBOX_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
+
+    /// File holding the bearer token sent to outboxd on every call
+    /// (`authorization: Bearer <token>`), for an outboxd run with
+    /// --auth-tokens. Surrounding whitespace is trimmed; the file is re-read
+    /// every few seconds, so a rotated token is used without a restart.
+    #[arg(long, env = "OUTBOX_RELAY_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// outboxd's CA certificate (PEM), to check its certificate. An
+    /// https:// --server needs it: this build trusts no system roots.
+    #[arg(long, env = "OUTBOX_RELAY_TLS_CA", value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) shown to outboxd for mutual TLS; needs --tls-key.
+    #[arg(long, env = "OUTBOX_RELAY_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "OUTBOX_RELAY_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
 
     /// Outbox to relay.
     #[arg(long, env = "OUTBOX_RELAY_OUTBOX", default_value = "default")]
@@ -119,6 +142,10 @@ pub enum BrokerConfig {
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub server: String,
+    /// TLS to outboxd, for an https:// server.
+    pub tls: Option<ClientTls>,
+    /// The bearer token and the file it is re-read from.
+    pub token: Option<TokenFile>,
     pub outbox: String,
     pub broker: BrokerConfig,
     pub batch_size: u32,
@@ -135,7 +162,7 @@ pub struct RelayConfig {
 impl RelayArgs {
     pub fn validate(&self) -> Result<RelayConfig, String> {
         // Checked here so a typo exits 64; the channel takes the text as given.
-        url::Url::parse(&self.server)
+        let server = url::Url::parse(&self.server)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| {
@@ -144,6 +171,7 @@ impl RelayArgs {
                     self.server
                 )
             })?;
+        let tls = self.client_tls(server.scheme() == "https")?;
         let broker = BrokerConfig::RabbitMq(self.rabbitmq.validate()?);
         if !(1..=10_000).contains(&self.batch_size) {
             return Err("--batch-size must be between 1 and 10000".into());
@@ -163,8 +191,15 @@ impl RelayArgs {
                 std::process::id()
             ),
         };
+        let token = self
+            .token_file
+            .as_deref()
+            .map(TokenFile::open)
+            .transpose()?;
         Ok(RelayConfig {
             server: self.server.clone(),
+            tls,
+            token,
             outbox: self.outbox.clone(),
             broker,
             batch_size: self.batch_size,
@@ -180,9 +215,51 @@ impl RelayArgs {
     }
 }
 
+impl RelayArgs {
+    /// The TLS files, read and checked: an https:// server needs --tls-ca,
+    /// an http:// one takes no TLS flag, and the client certificate comes
+    /// with its key.
+    fn client_tls(&self, https: bool) -> Result<Option<ClientTls>, String> {
+        let flags = [
+            ("--tls-ca", &self.tls_ca),
+            ("--tls-cert", &self.tls_cert),
+            ("--tls-key", &self.tls_key),
+        ];
+        if !https {
+            return match flags.iter().find(|(_, path)| path.is_some()) {
+                Some((flag, _)) => Err(format!(
+                    "{flag} needs an https:// --server, not {:?}",
+                    self.server
+                )),
+                None => Ok(None),
+            };
+        }
+        let ca = match &self.tls_ca {
+            Some(path) => read_certificates("--tls-ca", path)?,
+            None => {
+                return Err(format!(
+                    "--server {:?} is https:// and needs --tls-ca (outboxd's CA certificate)",
+                    self.server
+                ));
+            }
+        };
+        let tls = ClientTls::new(ca);
+        match (&self.tls_cert, &self.tls_key) {
+            (None, None) => Ok(Some(tls)),
+            (Some(cert), Some(key)) => Ok(Some(tls.with_identity(
+                read_certificates("--tls-cert", cert)?,
+                read_private_key("--tls-key", key)?,
+            ))),
+            (Some(_), None) => Err("--tls-cert needs --tls-key".into()),
+            (None, Some(_)) => Err("--tls-key needs --tls-cert".into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credentials::tests::Scratch;
 
     #[test]
     fn defaults_match_the_documented_ones() {
@@ -274,5 +351,125 @@ mod tests {
         }
         // Bytes, not characters: 128 two-byte characters are 256 bytes.
         assert!(relay(&["--bind-queue", &"é".repeat(128)]).is_err());
+    }
+
+    /// A CA, a client certificate and its key, and a token, in `dir`.
+    fn tls_files(dir: &Scratch) -> [String; 4] {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("rcgen");
+        let cert = dir.file("cert.pem", made.cert.pem().as_bytes());
+        let key = dir.file("key.pem", made.signing_key.serialize_pem().as_bytes());
+        let token = dir.file("token", b"t0ken\n");
+        [&cert, &cert, &key, &token].map(|p| p.to_str().expect("utf-8").to_owned())
+    }
+
+    #[test]
+    fn tls_flags_need_an_https_server_and_come_with_what_they_need() {
+        let dir = Scratch::new("config-tls");
+        let [ca, cert, key, _] = tls_files(&dir);
+        let https = "https://outboxd:50051";
+        let config = relay(&["--server", https, "--tls-ca", &ca]).expect("valid");
+        assert!(config.tls.is_some());
+        let mutual = [
+            "--server",
+            https,
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ];
+        assert!(relay(&mutual).expect("valid").tls.is_some());
+        assert!(
+            relay(&[]).expect("valid").tls.is_none(),
+            "http:// is plaintext"
+        );
+        for (args, says) in [
+            (vec!["--server", https], "needs --tls-ca"),
+            (vec!["--tls-ca", &ca], "--tls-ca needs an https:// --server"),
+            (
+                vec!["--tls-cert", &cert, "--tls-key", &key],
+                "--tls-cert needs an https://",
+            ),
+            (vec!["--tls-key", &key], "--tls-key needs an https://"),
+            (
+                vec!["--server", https, "--tls-ca", &ca, "--tls-cert", &cert],
+                "--tls-cert needs --tls-key",
+            ),
+            (
+                vec!["--server", https, "--tls-ca", &ca, "--tls-key", &key],
+                "--tls-key needs --tls-cert",
+            ),
+            (vec!["--server", https, "--tls-ca", &key], "--tls-ca"),
+            (
+                vec![
+                    "--server",
+                    https,
+                    "--tls-ca",
+                    &ca,
+                    "--tls-cert",
+                    &cert,
+                    "--tls-key",
+                    &ca,
+                ],
+                "no PEM private key",
+            ),
+            (
+                vec!["--server", https, "--tls-ca", "/nonexistent/ca.pem"],
+                "/nonexistent/ca.pem",
+            ),
+        ] {
+            let err = relay(&args).expect_err(says);
+            assert!(err.contains(says) && !err.contains('\n'), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_token_file_is_read_at_start_and_must_not_be_empty() {
+        let dir = Scratch::new("config-token");
+        let [.., token] = tls_files(&dir);
+        let config = relay(&["--token-file", &token]).expect("valid");
+        let file = config.token.as_ref().expect("token file");
+        assert!(file.token.is("t0ken"), "trimmed");
+        let empty = dir.file("empty", b"\n");
+        let empty = empty.to_str().expect("utf-8");
+        for (path, says) in [
+            (empty, "empty"),
+            ("/nonexistent/token", "/nonexistent/token"),
+        ] {
+            let err = relay(&["--token-file", path]).expect_err(says);
+            assert!(
+                err.starts_with("--token-file") && err.contains(says),
+                "{err}"
+            );
+        }
+        assert!(
+            !format!("{config:?}").contains("t0ken"),
+            "Debug shows no token"
+        );
+    }
+
+    #[test]
+    fn an_amqp_ca_needs_an_amqps_url() {
+        let dir = Scratch::new("config-amqp");
+        let [ca, .., token] = tls_files(&dir);
+        let amqps = "amqps://guest:guest@rabbitmq:5671/%2f";
+        let config = relay(&["--amqp-url", amqps, "--amqp-tls-ca", &ca]).expect("valid");
+        assert!(
+            rabbitmq(&config)
+                .tls
+                .cert_chain
+                .as_deref()
+                .is_some_and(|pem| pem.contains("BEGIN CERTIFICATE"))
+        );
+        let system_roots = relay(&["--amqp-url", amqps]).expect("system roots");
+        assert!(rabbitmq(&system_roots).tls.cert_chain.is_none());
+        let err = relay(&["--amqp-tls-ca", &ca]).expect_err("amqp://");
+        assert!(err.contains("--amqp-tls-ca needs an amqps://"), "{err}");
+        let err = relay(&["--amqp-url", amqps, "--amqp-tls-ca", &token]).expect_err("not PEM");
+        assert!(
+            err.starts_with("--amqp-tls-ca") && err.contains("no PEM certificate"),
+            "{err}"
+        );
     }
 }

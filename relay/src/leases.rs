@@ -7,16 +7,17 @@ use opentelemetry::{global, propagation::Injector};
 use tonic::{
     Request, Status,
     metadata::{MetadataKey, MetadataMap, MetadataValue},
-    transport::Channel,
 };
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use outbox_runtime::telemetry;
 use outboxd::{
-    client,
-    pb::{self, outbox_service_client::OutboxServiceClient},
+    client::{self, AuthClient, ClientTls, Credentials},
+    pb,
 };
+
+use crate::credentials::TokenFile;
 
 pub trait Leases: Clone + Send + Sync + 'static {
     fn claim(
@@ -41,14 +42,23 @@ pub trait Leases: Clone + Send + Sync + 'static {
 /// deadline, so a silently dead connection costs one timeout, not a hang.
 #[derive(Debug, Clone)]
 pub struct GrpcLeases {
-    client: OutboxServiceClient<Channel>,
+    client: AuthClient,
     call_timeout: Duration,
 }
 
 impl GrpcLeases {
-    pub fn connect_lazy(server: &str) -> Result<Self, String> {
+    /// Every call carries the token of `token`, as it is when the call is made.
+    pub fn connect_lazy(
+        server: &str,
+        tls: Option<&ClientTls>,
+        token: Option<&TokenFile>,
+    ) -> Result<Self, String> {
+        let credentials = token.map_or_else(Credentials::none, |file| {
+            Credentials::bearer(file.token.clone())
+        });
         Ok(Self {
-            client: client::connect_lazy(server).map_err(|e| format!("--server {e}"))?,
+            client: client::connect_lazy_with(server, tls, credentials)
+                .map_err(|e| format!("--server {e}"))?,
             call_timeout: Duration::from_secs(10),
         })
     }
@@ -63,7 +73,7 @@ impl GrpcLeases {
         rpc: F,
     ) -> Result<R, Status>
     where
-        F: FnOnce(OutboxServiceClient<Channel>, Request<T>) -> Fut,
+        F: FnOnce(AuthClient, Request<T>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
         let span = telemetry::rpc_span("client", method);
@@ -140,3 +150,7 @@ impl Leases for GrpcLeases {
         .await
     }
 }
+
+#[cfg(test)]
+#[path = "leases_tests.rs"]
+mod tests;

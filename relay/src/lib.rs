@@ -7,6 +7,7 @@
 //! broker only through [`Broker`] and [`Publisher`] (`publishers/`).
 
 pub mod config;
+pub mod credentials;
 mod leases;
 pub mod metrics;
 pub mod publishers;
@@ -44,7 +45,16 @@ pub async fn run(
     metrics_listener: Option<TcpListener>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let leases = GrpcLeases::connect_lazy(&config.server).map_err(anyhow::Error::msg)?;
+    let leases =
+        GrpcLeases::connect_lazy(&config.server, config.tls.as_ref(), config.token.as_ref())
+            .map_err(anyhow::Error::msg)?;
+    // Re-reads the token file until the slots are done: a drain's acks still
+    // need a valid token.
+    let token_stop = CancellationToken::new();
+    let token_watch = config
+        .token
+        .clone()
+        .map(|file| tokio::spawn(file.watch(credentials::TOKEN_POLL, token_stop.clone())));
     let metrics = Metrics::new("outbox-relay")?;
     let metrics_addr = match &metrics_listener {
         Some(listener) => listener.local_addr()?.to_string(),
@@ -83,8 +93,12 @@ pub async fn run(
         tracing::warn!("drain timed out; unfinished batches are left to lease expiry");
     }
     metrics_stop.cancel();
+    token_stop.cancel();
     if let Some(endpoint) = endpoint {
         let _ = endpoint.await;
+    }
+    if let Some(watch) = token_watch {
+        let _ = watch.await;
     }
     metrics.shutdown(Duration::from_secs(5)).await;
     Ok(())
@@ -129,6 +143,8 @@ fn start<L: Leases, B: Broker>(
 fn relaying(config: &RelayConfig, metrics: &str, destination: &str, bind_queue: Option<&str>) {
     tracing::info!(
         server = %config.server,
+        tls = config.tls.is_some(),
+        token_file = config.token.as_ref().map(|t| t.path.display().to_string()),
         outbox = %config.outbox,
         exchange = %destination,
         worker_id = %config.worker_id,

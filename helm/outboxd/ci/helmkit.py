@@ -53,6 +53,7 @@ _RESOURCES: dict[str, list[tuple[str, str]]] = {
     "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler")],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy")],
     "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor")],
+    "cert-manager.io/v1": [("certificates", "Certificate")],
 }
 KUBE_VERSION = ("1", "31")
 

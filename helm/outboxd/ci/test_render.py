@@ -21,6 +21,10 @@ VARIANTS = ["default"] + [p.name for p in CI_FILES]
 
 HOOK = "helm.sh/hook"
 READY_SERVICE = "outbox.v1.OutboxService"
+# The chart refuses to render without auth (secure by default). Renders from a
+# dict or "default" get this unless their values say something about auth; every
+# ci/*-values.yaml sets auth itself (test_every_ci_values_file_sets_auth).
+OPEN = {"auth": {"allowUnauthenticated": True}}
 
 
 # --- which environment variables the binaries read -----------------------------
@@ -98,7 +102,11 @@ class Rendered:
 
 
 def _values_for(variant: str) -> dict[str, Any]:
-    return {} if variant == "default" else helmkit.load_values(CHART / "ci" / variant)
+    return dict(OPEN) if variant == "default" else helmkit.load_values(CHART / "ci" / variant)
+
+
+def _with_auth(values: dict[str, Any]) -> dict[str, Any]:
+    return values if "auth" in values else helmkit._deep_merge(OPEN, values)
 
 
 def _merged(values: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +126,7 @@ def render(api):
     def _render(values: dict[str, Any] | str) -> Rendered:
         key = values if isinstance(values, str) else json.dumps(values, sort_keys=True)
         if key not in cache:
-            raw = _values_for(values) if isinstance(values, str) else values
+            raw = _values_for(values) if isinstance(values, str) else _with_auth(values)
             out = helmkit.render(CHART, raw, api)
             out_dir = CHART.parent / ".cache" / "rendered"
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,11 +189,18 @@ def test_grpc_probes_point_at_the_right_services(variant):
     container = _containers(variant.server())[0]
     grpc_port = variant.values["containerPorts"]["grpc"]
     assert {"name": "grpc", "containerPort": grpc_port, "protocol": "TCP"} in container["ports"]
+    # Kubernetes' gRPC probes cannot do TLS: with TLS on they use the plaintext health port.
+    tls = variant.values["tls"]["enabled"]
+    probe_port = variant.values["containerPorts"]["health"] if tls else grpc_port
+    health = {"name": "health", "containerPort": probe_port, "protocol": "TCP"}
+    assert (health in container["ports"]) == tls
+    env = _env(container)
+    assert env.get("OUTBOXD_HEALTH_LISTEN") == (f"0.0.0.0:{probe_port}" if tls else None)
     expected = {"startupProbe": "", "livenessProbe": "", "readinessProbe": READY_SERVICE}
     for probe, service in expected.items():
         spec = container[probe]
         assert set(spec) & {"httpGet", "exec", "tcpSocket"} == set(), probe
-        assert spec["grpc"] == {"port": grpc_port, "service": service}, probe
+        assert spec["grpc"] == {"port": probe_port, "service": service}, probe
 
 
 def test_rolling_update_keeps_capacity_and_grace_outlasts_the_drain(variant):
@@ -276,7 +291,9 @@ def test_relay_only_when_enabled(variant):
         container = _containers(relay)[0]
         env = _env(container)
         assert env["AMQP_URL"]["secretKeyRef"]["name"] == variant.values["relay"]["amqp"]["existingSecret"]
-        assert env["OUTBOX_SERVER"].startswith("http://")
+        tls = variant.values["tls"]["enabled"]
+        assert env["OUTBOX_SERVER"].startswith("https://" if tls else "http://")
+        assert ("OUTBOX_RELAY_TLS_CA" in env) == tls
         assert container["command"] == ["/usr/local/bin/outbox-relay"]
         assert _pod_spec(relay)["terminationGracePeriodSeconds"] > 20
 
@@ -311,7 +328,10 @@ def test_helm_test_pod_checks_grpc_health(variant):
     assert pod["metadata"]["annotations"][HOOK] == "test"
     script = pod["spec"]["containers"][0]["command"][-1]
     assert "grpc.health.v1.Health/Check" in script and READY_SERVICE in script
-    assert f"{variant.server()['metadata']['name']}:{variant.values['service']['port']}" in script
+    service = variant.values["service"]
+    port = service["healthPort"] if variant.values["tls"]["enabled"] else service["port"]
+    assert f"{variant.server()['metadata']['name']}:{port}" in script
+    assert "-plaintext" in script, "health is plaintext and open, TLS or not"
 
 
 def test_notes_explain_how_to_reach_and_check(variant):
@@ -373,7 +393,11 @@ def test_chart_reaches_every_flag(render):
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     # Values whose default ("") leaves the variable to outboxd's own default.
     server_unset = {"dbStartTimeout": "10m"}
-    for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on, "config": server_unset}]:
+    tls_on = {"tls": {"enabled": True, "existingSecret": "tls", "clientCA": True}, "auth": {"tokensSecret": "tokens"}}
+    relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"},
+                 "tls": {"clientCertSecret": "relay-cert"}}
+    for values in ["default", "dev-inline-url-values.yaml", {"relay": relay_on, "config": server_unset},
+                   {**tls_on, "relay": relay_tls}]:
         r = render(values)
         server_seen |= set(r.configmap()["data"]) | set(_env(_containers(r.server())[0]))
         if r.relay():
@@ -384,7 +408,7 @@ def test_chart_reaches_every_flag(render):
 
 def _rust_const(name: str) -> int:
     for path in (REPO / "src").rglob("*.rs"):  # outboxd's own defaults
-        match = re.search(r"pub const " + name + r": u64 = ([0-9_ *]+);", path.read_text())
+        match = re.search(r"pub const " + name + r": (?:u64|usize) = ([0-9_ *]+);", path.read_text())
         if match:
             value = 1
             for factor in match.group(1).replace("_", "").split("*"):
@@ -555,6 +579,114 @@ def test_all_options(render):
      "ordering"),
 ])
 def test_bad_values_are_refused(render, values, reason):
+    with pytest.raises(helmkit.RenderError, match=reason):
+        render(values)
+
+
+# --- TLS and authorisation ------------------------------------------------------
+
+def test_every_ci_values_file_sets_auth():
+    for path in CI_FILES:
+        auth = helmkit.load_values(path).get("auth", {})
+        assert auth.get("tokensSecret") or auth.get("allowUnauthenticated"), path.name
+
+
+@pytest.mark.parametrize("auth", [{}, {"allowUnauthenticated": False}, {"tokensSecret": ""}])
+def test_an_open_api_is_refused_unless_asked_for(render, auth):
+    """Secure by default: the chart listens on 0.0.0.0, so without tokens it
+    renders only when the open API is asked for."""
+    with pytest.raises(helmkit.RenderError, match="auth.tokensSecret"):
+        render({"auth": auth})
+
+
+def test_auth_modes_set_outboxd_variables(render):
+    open_env = _env(_containers(render("default").server())[0])
+    assert open_env["OUTBOXD_ALLOW_UNAUTHENTICATED"] == "true" and "OUTBOXD_AUTH_TOKENS" not in open_env
+    r = render({"auth": {"tokensSecret": "outboxd-tokens", "tokensSecretKey": "file"}})
+    env = _env(_containers(r.server())[0])
+    assert env["OUTBOXD_AUTH_TOKENS"] == "/etc/outboxd/auth/file"
+    assert "OUTBOXD_ALLOW_UNAUTHENTICATED" not in env
+    pod = _pod_spec(r.server())
+    volume = next(v for v in pod["volumes"] if v["name"] == "auth")
+    assert volume["secret"]["secretName"] == "outboxd-tokens"
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "auth")
+    assert mount == {"name": "auth", "mountPath": "/etc/outboxd/auth", "readOnly": True}, \
+        "a directory, never subPath: an updated Secret must reach the pod"
+
+
+def test_tls_from_a_secret(render):
+    r = render("tls-secret-values.yaml")
+    container = _containers(r.server())[0]
+    env = _env(container)
+    assert env["OUTBOXD_TLS_CERT"] == "/etc/outboxd/tls/tls.crt"
+    assert env["OUTBOXD_TLS_KEY"] == "/etc/outboxd/tls/tls.key"
+    assert "OUTBOXD_TLS_CLIENT_CA" not in env
+    pod = _pod_spec(r.server())
+    volume = next(v for v in pod["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == "outboxd-tls" and "items" not in volume["secret"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    assert mount["readOnly"] is True and "subPath" not in mount
+    assert not r.of("Certificate")
+    service = next(s for s in r.of("Service") if s["metadata"]["name"] == r.server()["metadata"]["name"])
+    health = next(p for p in service["spec"]["ports"] if p["name"] == "health")
+    assert health["targetPort"] == "health"
+    # The NetworkPolicy lets the kubelet's probes (from the node) reach the health port only.
+    policy = next(p for p in r.of("NetworkPolicy") if p["metadata"]["name"] == r.server()["metadata"]["name"])
+    open_rules = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    assert open_rules == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
+    # The relay: https://, the Secret's CA alone (never the server's key), its token.
+    relay = r.relay()
+    env = _env(_containers(relay)[0])
+    assert env["OUTBOX_SERVER"] == "https://outboxd.outboxd-test.svc:50051"
+    assert env["OUTBOX_RELAY_TLS_CA"] == "/etc/outbox-relay/ca/ca.crt"
+    assert env["OUTBOX_RELAY_TOKEN_FILE"] == "/etc/outbox-relay/token/token"
+    volumes = {v["name"]: v for v in _pod_spec(relay)["volumes"]}
+    assert volumes["ca"]["secret"]["secretName"] == "outboxd-tls"
+    assert volumes["ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert volumes["token"]["secret"]["secretName"] == "relay-token"
+    # No reflection check in `helm test`: the API port speaks TLS.
+    script = next(h for h in r.hooks if h["kind"] == "Pod")["spec"]["containers"][0]["command"][-1]
+    assert "outboxd:50052" in script and " list " not in script
+
+
+def test_tls_from_cert_manager_with_client_certificates(render):
+    r = render("all-options-values.yaml")
+    cert = r.one("Certificate")
+    name = r.server()["metadata"]["name"]
+    assert cert["apiVersion"] == "cert-manager.io/v1"
+    assert cert["spec"]["secretName"] == f"{name}-tls"
+    assert cert["spec"]["issuerRef"] == {"name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    ns = "outboxd-test"
+    for host in (name, f"{name}.{ns}.svc", f"{name}-headless.{ns}.svc.cluster.local"):
+        assert host in cert["spec"]["dnsNames"], host
+    assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("720h", "240h")
+    env = _env(_containers(r.server())[0])
+    assert env["OUTBOXD_TLS_CLIENT_CA"] == "/etc/outboxd/tls/ca.crt"
+    assert env["OUTBOXD_AUTH_TOKENS"] == "/etc/outboxd/auth/tokens.txt"
+    volumes = {v["name"]: v for v in _pod_spec(r.server())["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == f"{name}-tls"
+    relay_env = _env(_containers(r.relay())[0])
+    assert relay_env["OUTBOX_RELAY_TLS_CERT"] == "/etc/outbox-relay/client/tls.crt"
+    assert relay_env["OUTBOX_RELAY_TLS_KEY"] == "/etc/outbox-relay/client/tls.key"
+    assert relay_env["OUTBOX_RELAY_TOKEN_FILE"] == "/etc/outbox-relay/token/bearer"
+    assert relay_env["OUTBOX_RELAY_AMQP_TLS_CA"] == "/etc/outbox-relay/amqp-ca/ca.crt"
+    custom = render({"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "ca"},
+                                                               "dnsNames": ["outboxd.example.com"]}}})
+    assert custom.one("Certificate")["spec"]["dnsNames"] == ["outboxd.example.com"]
+
+
+@pytest.mark.parametrize("values, reason", [
+    ({"tls": {"enabled": True}}, "tls.existingSecret"),
+    ({"tls": {"enabled": True, "certManager": {"enabled": True}}}, "issuerRef.name"),
+    ({"tls": {"enabled": True, "existingSecret": "t", "clientCA": True},
+      "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}}, "relay.tls.clientCertSecret"),
+    ({"auth": {"tokensSecret": "t"}, "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}},
+     "relay.tokenSecret"),
+    ({"relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "server": "https://o:1"}}, "relay.tls.caSecret"),
+    ({"relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "tls": {"clientCertSecret": "c"}}},
+     "needs TLS"),
+])
+def test_tls_and_auth_mistakes_are_refused(render, values, reason):
     with pytest.raises(helmkit.RenderError, match=reason):
         render(values)
 

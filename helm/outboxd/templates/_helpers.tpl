@@ -164,6 +164,8 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "maxBatch" "OUTBOXD_MAX_BATCH"
   "maxClaimBytes" "OUTBOXD_MAX_CLAIM_BYTES"
   "maxMessageBytes" "OUTBOXD_MAX_MESSAGE_BYTES"
+  "maxRequestBytes" "OUTBOXD_MAX_REQUEST_BYTES"
+  "maxWaitingClaims" "OUTBOXD_MAX_WAITING_CLAIMS"
   "defaultLease" "OUTBOXD_DEFAULT_LEASE"
   "minLease" "OUTBOXD_MIN_LEASE"
   "maxLease" "OUTBOXD_MAX_LEASE"
@@ -290,9 +292,62 @@ ordering=aggregate (exit 64), so say so at install instead. */}}
 {{- else if $p.enabled }}true{{ end }}
 {{- end }}
 
-{{/* The gRPC address relays use. */}}
+{{/* The gRPC address relays use: https:// when outboxd serves TLS. */}}
 {{- define "outboxd.serverURL" -}}
-{{- default (printf "http://%s.%s.svc:%d" (include "outboxd.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.relay.server }}
+{{- $scheme := ternary "https" "http" (.Values.tls.enabled | default false) }}
+{{- default (printf "%s://%s.%s.svc:%d" $scheme (include "outboxd.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.relay.server }}
+{{- end }}
+
+{{/* The Secret holding outboxd's certificate: tls.existingSecret, or what cert-manager writes. */}}
+{{- define "outboxd.tlsSecretName" -}}
+{{- $t := .Values.tls }}
+{{- if $t.certManager.enabled }}
+{{- default (include "outboxd.suffixed" (list . "tls")) $t.existingSecret }}
+{{- else }}
+{{- required "tls.existingSecret (a kubernetes.io/tls Secret with tls.crt and tls.key) is required when tls.enabled, unless tls.certManager.enabled" $t.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Where outboxd's certificate and tokens file are mounted. */}}
+{{- define "outboxd.tlsDir" -}}/etc/outboxd/tls{{- end }}
+{{- define "outboxd.authDir" -}}/etc/outboxd/auth{{- end }}
+
+{{/*
+The trust boundary's variables for the outboxd container, as a YAML map: TLS,
+the health-only port the probes use with TLS on, and authorisation. The chart
+listens on 0.0.0.0, where outboxd refuses to serve an open API unless told to
+(exit 64): the chart refuses the same at install, with the way out.
+*/}}
+{{- define "outboxd.trustEnv" -}}
+{{- $env := dict }}
+{{- $a := .Values.auth }}
+{{- if and (not $a.tokensSecret) (not $a.allowUnauthenticated) }}
+{{- fail "outboxd listens on 0.0.0.0 here, so it needs authorisation: set auth.tokensSecret (a Secret with the tokens file; see the chart README, \"TLS and authorisation\"), or auth.allowUnauthenticated=true to serve the API to anyone who reaches it" }}
+{{- end }}
+{{- if $a.tokensSecret }}
+{{- $_ := set $env "OUTBOXD_AUTH_TOKENS" (printf "%s/%s" (include "outboxd.authDir" .) $a.tokensSecretKey) }}
+{{- end }}
+{{- if $a.allowUnauthenticated }}
+{{- $_ := set $env "OUTBOXD_ALLOW_UNAUTHENTICATED" "true" }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $dir := include "outboxd.tlsDir" . }}
+{{- $_ := set $env "OUTBOXD_TLS_CERT" (printf "%s/tls.crt" $dir) }}
+{{- $_ := set $env "OUTBOXD_TLS_KEY" (printf "%s/tls.key" $dir) }}
+{{- if .Values.tls.clientCA }}
+{{- $_ := set $env "OUTBOXD_TLS_CLIENT_CA" (printf "%s/ca.crt" $dir) }}
+{{- end }}
+{{- with .Values.tls.reloadInterval }}
+{{- $_ := set $env "OUTBOXD_TLS_RELOAD_INTERVAL" (toString .) }}
+{{- end }}
+{{- $_ := set $env "OUTBOXD_HEALTH_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.health)) }}
+{{- end }}
+{{- toYaml $env }}
+{{- end }}
+
+{{/* The port the gRPC probes use: the plaintext health-only one when the API port speaks TLS. */}}
+{{- define "outboxd.probePort" -}}
+{{- if .Values.tls.enabled }}{{ .Values.containerPorts.health }}{{ else }}{{ .Values.containerPorts.grpc }}{{ end }}
 {{- end }}
 
 {{/*

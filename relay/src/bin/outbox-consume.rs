@@ -61,10 +61,14 @@ async fn consume(args: &Args) -> Result<(), String> {
     let deadline = Instant::now() + args.timeout;
     let broker = redact_url(&args.broker.amqp_url);
     let timed_out = |doing: &str| format!("timed out after {:?} {doing}", args.timeout);
-    let conn = timeout_at(deadline, connect(&args.broker.amqp_url, "outbox-consume"))
-        .await
-        .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
-        .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
+    let tls = args.broker.tls_config()?;
+    let conn = timeout_at(
+        deadline,
+        connect(&args.broker.amqp_url, &tls, "outbox-consume"),
+    )
+    .await
+    .map_err(|_| timed_out(&format!("connecting to RabbitMQ at {broker}")))?
+    .map_err(|e| format!("cannot connect to RabbitMQ at {broker}: {e}"))?;
     let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
     let queue = args.queue.as_str();
     // Passive: only checks that the queue exists (see the module comment).

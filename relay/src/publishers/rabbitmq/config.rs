@@ -1,9 +1,13 @@
 //! RabbitMQ's flags, each with an env var, and their validation. Flattened
 //! into the relay's flags, so a broker's settings stay with its code.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
+
+use lapin::tcp::OwnedTLSConfig;
 
 use outbox_runtime::cli::parse_duration;
+
+use crate::credentials::read_certificates;
 
 /// Where RabbitMQ is: shared by the relay and `outbox-consume`.
 #[derive(Debug, Clone, clap::Args)]
@@ -17,6 +21,37 @@ pub struct ConnectionArgs {
         hide_env_values = true
     )]
     pub amqp_url: String,
+
+    /// CA certificate (PEM) trusted for an amqps:// broker, besides the
+    /// system's roots: for a broker whose certificate a private CA signed.
+    #[arg(long, env = "OUTBOX_RELAY_AMQP_TLS_CA", value_name = "PATH")]
+    pub amqp_tls_ca: Option<PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The TLS settings for the URL's connection, the CA file read and
+    /// checked; the CA with an amqp:// URL is a mistake (it would be ignored).
+    pub fn tls_config(&self) -> Result<OwnedTLSConfig, String> {
+        let scheme = url::Url::parse(&self.amqp_url)
+            .ok()
+            .map(|u| u.scheme().to_owned())
+            .filter(|s| matches!(s.as_str(), "amqp" | "amqps"))
+            .ok_or("--amqp-url must be an amqp:// or amqps:// URL")?;
+        let Some(path) = &self.amqp_tls_ca else {
+            return Ok(OwnedTLSConfig::default());
+        };
+        if scheme != "amqps" {
+            return Err("--amqp-tls-ca needs an amqps:// --amqp-url".into());
+        }
+        let pem = read_certificates("--amqp-tls-ca", path)?;
+        // lapin skips what it cannot parse; read_certificates has parsed it all.
+        let pem = String::from_utf8(pem)
+            .map_err(|_| format!("--amqp-tls-ca {}: not a text PEM file", path.display()))?;
+        Ok(OwnedTLSConfig {
+            identity: None,
+            cert_chain: Some(pem),
+        })
+    }
 }
 
 /// The relay's RabbitMQ flags.
@@ -52,6 +87,8 @@ pub struct RabbitMqArgs {
 #[derive(Debug, Clone)]
 pub struct RabbitMqConfig {
     pub url: String,
+    /// TLS for an amqps:// URL: the extra CA, if any.
+    pub tls: OwnedTLSConfig,
     pub exchange: String,
     /// Declare the exchange at each new channel (not `--no-declare`).
     pub declare: bool,
@@ -63,15 +100,13 @@ pub struct RabbitMqConfig {
 
 impl RabbitMqArgs {
     pub fn validate(&self) -> Result<RabbitMqConfig, String> {
-        url::Url::parse(&self.connection.amqp_url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
-            .ok_or("--amqp-url must be an amqp:// or amqps:// URL")?;
+        let tls = self.connection.tls_config()?;
         if self.confirm_timeout.is_zero() {
             return Err("--confirm-timeout must be positive".into());
         }
         Ok(RabbitMqConfig {
             url: self.connection.amqp_url.clone(),
+            tls,
             exchange: self.exchange.clone(),
             declare: !self.no_declare,
             routing_key: RoutingKey::parse(&self.routing_key)?,

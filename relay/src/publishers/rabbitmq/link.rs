@@ -3,22 +3,25 @@
 
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties, tcp::OwnedTLSConfig};
 use tokio::sync::Mutex;
 
 use super::config::redact_url;
 
 /// Connects to `url` under `name`, which `rabbitmqctl list_connections name`
-/// shows, so operators see whose connection it is.
-pub async fn connect(url: &str, name: &str) -> lapin::Result<Connection> {
+/// shows, so operators see whose connection it is. `tls` applies to an
+/// amqps:// URL (its CA is trusted besides the system's roots).
+pub async fn connect(url: &str, tls: &OwnedTLSConfig, name: &str) -> lapin::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(url, properties).await
+    let runtime = lapin::runtime::default_runtime()?;
+    Connection::connect_with_config(url, properties, tls.clone(), runtime).await
 }
 
 /// The shared connection and its reported state.
 #[derive(Debug)]
 pub(super) struct Link {
     url: String,
+    tls: OwnedTLSConfig,
     name: String,
     connection: Mutex<Option<Arc<Connection>>>,
     /// Last reported state, so each change is logged once, not each retry.
@@ -66,9 +69,10 @@ impl State {
 }
 
 impl Link {
-    pub fn new(url: String, name: String) -> Self {
+    pub fn new(url: String, tls: OwnedTLSConfig, name: String) -> Self {
         Self {
             url,
+            tls,
             name,
             connection: Mutex::new(None),
             state: StdMutex::new(State::Untried),
@@ -85,7 +89,7 @@ impl Link {
             self.report(State::Down("connection lost".into()));
         }
         self.report(State::Connecting);
-        match connect(&self.url, &self.name).await {
+        match connect(&self.url, &self.tls, &self.name).await {
             Ok(conn) => {
                 let conn = Arc::new(conn);
                 *slot = Some(Arc::clone(&conn));

@@ -47,7 +47,11 @@ impl RabbitMq {
                 routing_key: config.routing_key.clone(),
                 spans: telemetry::message_spans(),
             },
-            link: Link::new(config.url.clone(), format!("outbox-relay {worker_id}")),
+            link: Link::new(
+                config.url.clone(),
+                config.tls.clone(),
+                format!("outbox-relay {worker_id}"),
+            ),
             config: config.clone(),
             metrics,
         }))
