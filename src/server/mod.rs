@@ -17,6 +17,7 @@ use tonic::{server::NamedService, transport::server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
+    auth::{self, Authorizer},
     config::Config,
     grpc::{
         AdminApi, OutboxApi,
@@ -153,20 +154,34 @@ impl Server {
             ),
         );
 
+        let authorizer = authorizer(&config, addr)?;
+        if let Some(reload) = authorizer.reloader(auth::RELOAD_POLL, stop.clone())? {
+            tasks.spawn("auth tokens reload", reload);
+        }
+
         let admin = AdminApi::new(
             AdminService::new(outboxes.clone()),
             config.limits.clone(),
             server_metrics.clone(),
+            authorizer.clone(),
         );
         let service = OutboxService::new(
             outboxes,
             config.poll_interval,
             shutdown.clone(),
             server_metrics.clone(),
+            config.max_waiting_claims,
         );
-        let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
+        let api = OutboxApi::new(service, config.limits.clone(), server_metrics, authorizer);
         let stop_accepting = CancellationToken::new();
-        let grpc = spawn_grpc(api, admin, health_service, listener, stop_accepting.clone())?;
+        let grpc = spawn_grpc(
+            api,
+            admin,
+            health_service,
+            listener,
+            config.max_request_bytes,
+            stop_accepting.clone(),
+        )?;
         tracing::info!(%addr, outboxes = ?store.specs().map(|s| s.name.as_str()).collect::<Vec<_>>(), "serving");
 
         let mut running = Running {
@@ -189,6 +204,29 @@ impl Server {
         }
         running.stop().await
     }
+}
+
+/// The API's authorisation, and the one line at start that says who may call it.
+fn authorizer(config: &Config, addr: SocketAddr) -> anyhow::Result<Authorizer> {
+    let Some(settings) = &config.auth else {
+        if addr.ip().is_loopback() {
+            tracing::info!(%addr, "no --auth-tokens: the API is open, on loopback only");
+        } else {
+            tracing::warn!(
+                %addr,
+                "no --auth-tokens and --allow-unauthenticated: anyone who reaches the port can ack events without publishing them"
+            );
+        }
+        return Ok(Authorizer::open());
+    };
+    // Read again (validation read it too): the file is the one in force now.
+    let authorizer = Authorizer::load(settings).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        file = %settings.tokens_file.display(),
+        identities = authorizer.identities().unwrap_or(0),
+        "authorisation on"
+    );
+    Ok(authorizer)
 }
 
 /// How long background tasks get to stop, and the meters to flush.
@@ -240,13 +278,15 @@ impl Running {
 }
 
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
-/// API and its admin service, health, and reflection (both versions, for old
-/// and new grpcurl).
+/// API and its admin service (requests up to `max_request_bytes`, each
+/// authorised in its handler), health, and reflection (both versions, for old
+/// and new grpcurl), the last two open to all: probes carry no credentials.
 fn spawn_grpc<H>(
     api: OutboxApi,
     admin: AdminApi,
     health_service: H,
     listener: TcpListener,
+    max_request_bytes: usize,
     stop_accepting: CancellationToken,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>>
 where
@@ -275,8 +315,8 @@ where
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(OutboxServiceServer::new(api))
-        .add_service(OutboxAdminServer::new(admin));
+        .add_service(OutboxServiceServer::new(api).max_decoding_message_size(max_request_bytes))
+        .add_service(OutboxAdminServer::new(admin).max_decoding_message_size(max_request_bytes));
     Ok(tokio::spawn(router.serve_with_incoming_shutdown(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         stop_accepting.cancelled_owned(),
