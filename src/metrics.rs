@@ -29,6 +29,7 @@ pub struct ServerMetrics {
     empty_claims: Counter<u64>,
     waiting_claims_refused: Counter<u64>,
     auth_refusals: Counter<u64>,
+    auth_reloads: Counter<u64>,
     rpc_duration: Histogram<f64>,
     claim_batch_size: Histogram<u64>,
     commit_to_ack: Histogram<f64>,
@@ -144,6 +145,10 @@ impl ServerMetrics {
                 "outbox_auth_refusals_total",
                 "Calls refused by authorisation, by method and code (Unauthenticated: no or unknown credential; PermissionDenied: no scope for that outbox).",
             ),
+            auth_reloads: counter(
+                "outbox_auth_reloads_total",
+                "Reads of a changed (or SIGHUP'd) --auth-tokens file, by result: ok, invalid, unreadable. Any but ok leaves the previous version in force: alert on it.",
+            ),
             rpc_duration: meter
                 .f64_histogram("outbox_rpc_duration_seconds")
                 .with_description("gRPC handling time by method and status code.")
@@ -181,6 +186,11 @@ impl ServerMetrics {
             KeyValue::new("code", format!("{code:?}")),
         ];
         self.auth_refusals.add(1, &attrs);
+    }
+
+    /// A re-read of the tokens file: `ok`, `invalid` or `unreadable`.
+    pub fn auth_reloaded(&self, result: &'static str) {
+        self.auth_reloads.add(1, &[KeyValue::new("result", result)]);
     }
 
     pub fn waiting_claim_refused(&self, outbox: &str) {

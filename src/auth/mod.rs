@@ -16,7 +16,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status, metadata::MetadataValue};
 
-use crate::lease::OutboxName;
+use crate::{lease::OutboxName, metrics::ServerMetrics};
 
 pub use tokens::{Credential, Identity, ParseError, Scope, ScopeKind, Tokens, token_digest};
 
@@ -182,37 +182,48 @@ impl Authorizer {
     pub fn reloader(
         &self,
         every: Duration,
+        metrics: ServerMetrics,
         stop: CancellationToken,
     ) -> std::io::Result<Option<impl Future<Output = ()> + Send + 'static>> {
         let Some(table) = self.0.clone() else {
             return Ok(None);
         };
         let hangup = signal(SignalKind::hangup())?;
-        Ok(Some(reload(table, hangup, every, stop)))
+        Ok(Some(reload(table, hangup, every, metrics, stop)))
     }
 }
 
-async fn reload(table: Arc<Table>, mut hangup: Signal, every: Duration, stop: CancellationToken) {
+async fn reload(
+    table: Arc<Table>,
+    mut hangup: Signal,
+    every: Duration,
+    metrics: ServerMetrics,
+    stop: CancellationToken,
+) {
     loop {
         let forced = tokio::select! {
             () = stop.cancelled() => return,
             Some(()) = hangup.recv() => true,
             () = tokio::time::sleep(every) => false,
         };
-        table.refresh(forced, if forced { "SIGHUP" } else { "file changed" });
+        if let Some(result) = table.refresh(forced, if forced { "SIGHUP" } else { "file changed" })
+        {
+            metrics.auth_reloaded(result);
+        }
     }
 }
 
 impl Table {
     /// Reads the file and puts it in force if it parses; `forced` re-parses
     /// an unchanged file too. A file that cannot be read or parsed is logged
-    /// once per version, and the one in force stays.
-    fn refresh(&self, forced: bool, trigger: &'static str) {
+    /// once per version, and the one in force stays. The outcome, for the
+    /// metric; `None` when nothing was read anew.
+    fn refresh(&self, forced: bool, trigger: &'static str) -> Option<&'static str> {
         let (now, parsed) = read(&self.file);
         {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
             if !forced && *seen == now {
-                return;
+                return None;
             }
             *seen = now;
         }
@@ -222,19 +233,26 @@ impl Table {
                 let identities = tokens.identities.len();
                 self.tokens.store(Arc::new(tokens));
                 tracing::info!(%file, identities, trigger, "auth tokens reloaded");
+                Some("ok")
             }
-            Err(Refused::Unreadable(error)) => tracing::warn!(
-                %file,
-                %error,
-                trigger,
-                "auth tokens file cannot be read; the previous version stays in force"
-            ),
-            Err(Refused::Invalid(error)) => tracing::error!(
-                %file,
-                %error,
-                trigger,
-                "auth tokens file refused; the previous version stays in force"
-            ),
+            Err(Refused::Unreadable(error)) => {
+                tracing::warn!(
+                    %file,
+                    %error,
+                    trigger,
+                    "auth tokens file cannot be read; the previous version stays in force"
+                );
+                Some("unreadable")
+            }
+            Err(Refused::Invalid(error)) => {
+                tracing::error!(
+                    %file,
+                    %error,
+                    trigger,
+                    "auth tokens file refused; the previous version stays in force"
+                );
+                Some("invalid")
+            }
         }
     }
 }

@@ -155,7 +155,9 @@ impl Server {
         );
 
         let authorizer = authorizer(&config, addr)?;
-        if let Some(reload) = authorizer.reloader(auth::RELOAD_POLL, stop.clone())? {
+        if let Some(reload) =
+            authorizer.reloader(auth::RELOAD_POLL, server_metrics.clone(), stop.clone())?
+        {
             tasks.spawn("auth tokens reload", reload);
         }
 
