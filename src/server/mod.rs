@@ -104,6 +104,7 @@ impl Server {
             metrics_listener,
         } = self;
         let addr = listener.local_addr()?;
+        let authorizer = authorizer(&config, addr)?;
         let outboxes = Outboxes::new(store.outboxes());
         let (health, health_service) = tonic_health::server::health_reporter();
         health::set_health(&health, ServingStatus::Serving).await;
@@ -154,7 +155,6 @@ impl Server {
             ),
         );
 
-        let authorizer = authorizer(&config, addr)?;
         if let Some(reload) =
             authorizer.reloader(auth::RELOAD_POLL, server_metrics.clone(), stop.clone())?
         {

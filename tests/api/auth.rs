@@ -519,8 +519,14 @@ struct Outboxd {
 
 impl Outboxd {
     async fn start(db: &TestDb, extra: &[&str]) -> Self {
+        Self::start_on(db, "127.0.0.1", extra).await
+    }
+
+    /// Listening on `host` (the clients reach it on loopback).
+    async fn start_on(db: &TestDb, host: &str, extra: &[&str]) -> Self {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
+        let listen = format!("{host}:{port}");
         let url = db.url();
         let mut command = Command::new(bins::outboxd());
         for (key, _) in std::env::vars() {
@@ -530,7 +536,7 @@ impl Outboxd {
         }
         command
             .args(["--database-url", &url, "--metrics-listen", "127.0.0.1:0"])
-            .args(["--listen", &addr])
+            .args(["--listen", &listen])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -712,9 +718,7 @@ async fn an_open_server_says_in_one_line_who_can_reach_it() {
         .wait_said(&["INFO", "no --auth-tokens", "loopback only"])
         .await;
     drop(server);
-    let port = free_port();
-    let everywhere = format!("0.0.0.0:{port}");
-    let mut open = Outboxd::start(&db, &["--allow-unauthenticated", "--listen", &everywhere]).await;
+    let mut open = Outboxd::start_on(&db, "0.0.0.0", &["--allow-unauthenticated"]).await;
     open.wait_said(&[
         "WARN",
         "--allow-unauthenticated",
