@@ -24,6 +24,9 @@ pub use tokens::{Credential, Identity, ParseError, Scope, ScopeKind, Tokens, tok
 /// symlink without an event outboxd could wait for, so it is read by path.
 pub const RELOAD_POLL: Duration = Duration::from_secs(2);
 
+/// How much of an outbox name a PERMISSION_DENIED message repeats.
+const MAX_ECHOED_CHARS: usize = 64;
+
 /// `--auth-tokens`, as configured.
 #[derive(Debug, Clone)]
 pub struct AuthSettings {
@@ -165,10 +168,17 @@ impl Authorizer {
         {
             Ok(Caller(Arc::from(identity.name.as_str())))
         } else {
+            // The name is the client's: echo a bounded part of it, so an
+            // absurd one cannot make the reply itself too large.
+            let shown: String = outbox.as_str().chars().take(MAX_ECHOED_CHARS).collect();
+            let more = if shown.len() < outbox.as_str().len() {
+                "…"
+            } else {
+                ""
+            };
             Err(Status::permission_denied(format!(
-                "{:?} has no scope for this call on outbox {:?}: it needs {}",
+                "{:?} has no scope for this call on outbox {shown:?}{more}: it needs {}",
                 identity.name,
-                outbox.as_str(),
                 access.needs()
             )))
         }
@@ -425,6 +435,11 @@ mod tests {
             code(Access::Relay, "", Some("Bearer tops")),
             Err(PermissionDenied)
         );
+        let long = "n".repeat(10_000);
+        let denied = auth
+            .check(Access::Relay, &long, &with(Some("Bearer ta")))
+            .expect_err("relay:a on another outbox");
+        assert!(denied.message().len() < 200, "{}", denied.message());
         for bad in [
             None,
             Some("Bearer nope"),
