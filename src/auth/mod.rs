@@ -35,16 +35,9 @@ pub struct AuthSettings {
 
 impl AuthSettings {
     /// Reads and parses the file once, so a bad one stops start-up (exit 64).
+    /// The error names the flag, the file and the line.
     pub fn check(&self) -> Result<(), String> {
-        self.load().map(drop)
-    }
-
-    /// The file, read and parsed; the error names the flag, the file and the line.
-    pub fn load(&self) -> Result<Tokens, String> {
-        let text = std::fs::read_to_string(&self.tokens_file)
-            .map_err(|e| format!("--auth-tokens {}: {e}", self.tokens_file.display()))?;
-        Tokens::parse(&text)
-            .map_err(|e| format!("--auth-tokens {}: {e}", self.tokens_file.display()))
+        Authorizer::load(self).map(drop)
     }
 }
 
