@@ -26,6 +26,12 @@ pub enum Error {
     InvalidArgument(Vec<FieldViolation>),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A long poll refused because `--max-waiting-claims` others wait already:
+    /// each holds a connection and memory, so past the bound it is shed.
+    #[error(
+        "too many claims are waiting already (--max-waiting-claims {0}): retry after a backoff, or claim without waiting"
+    )]
+    TooManyWaiting(u32),
 }
 
 impl From<Vec<FieldViolation>> for Error {

@@ -27,6 +27,9 @@ pub struct ServerMetrics {
     lease_expired: Counter<u64>,
     lease_lost: Counter<u64>,
     empty_claims: Counter<u64>,
+    waiting_claims_refused: Counter<u64>,
+    auth_refusals: Counter<u64>,
+    auth_reloads: Counter<u64>,
     rpc_duration: Histogram<f64>,
     claim_batch_size: Histogram<u64>,
     commit_to_ack: Histogram<f64>,
@@ -134,6 +137,18 @@ impl ServerMetrics {
                 "outbox_empty_claims_total",
                 "Claim statements that found nothing claimable (long-poll re-checks included).",
             ),
+            waiting_claims_refused: counter(
+                "outbox_waiting_claims_refused_total",
+                "Long-polling claims refused with RESOURCE_EXHAUSTED because --max-waiting-claims were waiting already.",
+            ),
+            auth_refusals: counter(
+                "outbox_auth_refusals_total",
+                "Calls refused by authorisation, by method and code (Unauthenticated: no or unknown credential; PermissionDenied: no scope for that outbox).",
+            ),
+            auth_reloads: counter(
+                "outbox_auth_reloads_total",
+                "Reads of a changed (or SIGHUP'd) --auth-tokens file, by result: ok, invalid, unreadable. Any but ok leaves the previous version in force: alert on it.",
+            ),
             rpc_duration: meter
                 .f64_histogram("outbox_rpc_duration_seconds")
                 .with_description("gRPC handling time by method and status code.")
@@ -162,6 +177,24 @@ impl ServerMetrics {
             KeyValue::new("code", format!("{code:?}")),
         ];
         self.rpc_duration.record(seconds, &attrs);
+    }
+
+    /// A call refused by authorisation; labels never carry a credential.
+    pub fn auth_refused(&self, method: &'static str, code: tonic::Code) {
+        let attrs = [
+            KeyValue::new("method", method),
+            KeyValue::new("code", format!("{code:?}")),
+        ];
+        self.auth_refusals.add(1, &attrs);
+    }
+
+    /// A re-read of the tokens file: `ok`, `invalid` or `unreadable`.
+    pub fn auth_reloaded(&self, result: &'static str) {
+        self.auth_reloads.add(1, &[KeyValue::new("result", result)]);
+    }
+
+    pub fn waiting_claim_refused(&self, outbox: &str) {
+        self.add(&self.waiting_claims_refused, outbox, 1);
     }
 
     pub fn claimed(&self, outbox: &str, messages: usize) {

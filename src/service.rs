@@ -10,10 +10,10 @@
 mod admin;
 mod outbox;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use rand::Rng;
-use tokio::time::Instant;
+use tokio::{sync::Semaphore, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -43,6 +43,9 @@ pub struct OutboxService<S = PgOutbox> {
     /// Cancelled when shutdown starts: long polls return their empty batch at once.
     stopping: CancellationToken,
     metrics: ServerMetrics,
+    /// One permit per long poll waiting, over all outboxes (`--max-waiting-claims`).
+    waiting: Arc<Semaphore>,
+    max_waiting: u32,
 }
 
 impl<S: OutboxStore> OutboxService<S> {
@@ -51,12 +54,15 @@ impl<S: OutboxStore> OutboxService<S> {
         poll_interval: Duration,
         stopping: CancellationToken,
         metrics: ServerMetrics,
+        max_waiting: u32,
     ) -> Self {
         Self {
             outboxes,
             poll_interval,
             stopping,
             metrics,
+            waiting: Arc::new(Semaphore::new(max_waiting as usize)),
+            max_waiting,
         }
     }
 
@@ -110,6 +116,9 @@ impl<S: OutboxStore> OutboxService<S> {
         // committed yet (the sequence moves at insert time), so look again soon,
         // backing off towards the poll interval.
         let mut recheck: Option<Duration> = None;
+        // Taken when the claim is about to wait for the first time, held
+        // until it returns: a claim answered at once never counts.
+        let mut waiting = None;
         loop {
             // Join the queue before claiming: an insert committed between an empty
             // claim and the registration would otherwise wait for the next poll.
@@ -137,6 +146,16 @@ impl<S: OutboxStore> OutboxService<S> {
             };
             if self.stopping.is_cancelled() {
                 return Ok(batch);
+            }
+            if waiting.is_none() {
+                // Refused at once rather than queued: a client that backs off
+                // costs less than one more connection held open. (Acks the
+                // call carried are applied; re-sent, they are ALREADY_DONE.)
+                let Ok(permit) = Arc::clone(&self.waiting).try_acquire_owned() else {
+                    self.metrics.waiting_claim_refused(outbox.name());
+                    return Err(Error::TooManyWaiting(self.max_waiting));
+                };
+                waiting = Some(permit);
             }
             // Jitter keeps a crowd of waiters from polling in lockstep.
             let tick = self

@@ -221,7 +221,26 @@ pub fn install_subscriber(
     let _ = tracing_subscriber::registry()
         .with(lines)
         .with(otel)
+        .with(AskEveryEvent)
         .try_init();
+}
+
+/// Makes every callsite ask the filters each time (`Interest::sometimes`).
+/// Per-layer filters pass their verdict from `enabled()` to `on_event()` in
+/// a thread-local; a callsite cached as `always` skips `enabled()` and reads
+/// whatever the last `enabled()` on that thread left there. sqlx's query
+/// logger calls `enabled()` without then logging, so the first event after a
+/// query was dropped: outboxd's start-up line, or an admin call's audit line
+/// (tokio-rs/tracing#2519, #2704). One filter check per event is the cost.
+struct AskEveryEvent;
+
+impl<S: tracing::Subscriber> Layer<S> for AskEveryEvent {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
 }
 
 /// A gRPC span of `outbox.v1.OutboxService/<method>`, per the semantic

@@ -9,11 +9,18 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use super::{
+    guard::authorize,
     observe,
     pb::{self, outbox_admin_server::OutboxAdmin as Rpc},
     request::Parse,
 };
-use crate::{Error, lease::Limits, metrics::ServerMetrics, service::AdminService};
+use crate::{
+    Error,
+    auth::{Access, Authorizer, Caller},
+    lease::Limits,
+    metrics::ServerMetrics,
+    service::AdminService,
+};
 
 const SERVICE: &str = "outbox.v1.OutboxAdmin";
 
@@ -22,30 +29,53 @@ pub struct AdminApi {
     service: AdminService,
     limits: Arc<Limits>,
     metrics: ServerMetrics,
+    auth: Authorizer,
 }
 
 impl AdminApi {
-    pub fn new(service: AdminService, limits: Limits, metrics: ServerMetrics) -> Self {
+    pub fn new(
+        service: AdminService,
+        limits: Limits,
+        metrics: ServerMetrics,
+        auth: Authorizer,
+    ) -> Self {
         Self {
             service,
             limits: Arc::new(limits),
             metrics,
+            auth,
         }
     }
 
-    /// Runs a handler inside its server span (with the outbox it names) and
-    /// records how it ended.
-    async fn observed<T, R>(
+    /// Runs a handler inside its server span (with the outbox it names) once
+    /// the caller may use the admin service on that outbox, and records how
+    /// it ended. `work` gets the caller, for the audit lines.
+    async fn observed<T, R, F>(
         &self,
         method: &'static str,
         request: &Request<T>,
         outbox: &str,
-        work: impl Future<Output = Result<R, Status>>,
-    ) -> Result<R, Status> {
+        work: impl FnOnce(Caller) -> F,
+    ) -> Result<R, Status>
+    where
+        F: Future<Output = Result<R, Status>>,
+    {
         let span: Span = observe::service_span(SERVICE, method, request);
         span.record("outbox", outbox);
         let started = Instant::now();
-        let result = work.instrument(span.clone()).await;
+        let result = async {
+            let caller = authorize(
+                &self.auth,
+                &self.metrics,
+                method,
+                Access::Admin,
+                outbox,
+                request,
+            )?;
+            work(caller).await
+        }
+        .instrument(span.clone())
+        .await;
         observe::finish(&span, &self.metrics, method, started, &result);
         result
     }
@@ -58,7 +88,7 @@ impl Rpc for AdminApi {
         request: Request<pb::ListDeadLettersRequest>,
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
         let wire = request.get_ref();
-        self.observed("ListDeadLetters", &request, &wire.outbox, async {
+        self.observed("ListDeadLetters", &request, &wire.outbox, |_| async {
             let req = wire.parse(&self.limits).map_err(Error::from)?;
             let page = self.service.dead_letters(&req).await?;
             Ok(Response::new(page.into()))
@@ -71,7 +101,7 @@ impl Rpc for AdminApi {
         request: Request<pb::ListBlockedKeysRequest>,
     ) -> Result<Response<pb::ListBlockedKeysResponse>, Status> {
         let wire = request.get_ref();
-        self.observed("ListBlockedKeys", &request, &wire.outbox, async {
+        self.observed("ListBlockedKeys", &request, &wire.outbox, |_| async {
             let req = wire.parse(&self.limits).map_err(Error::from)?;
             let page = self.service.blocked_keys(&req).await?;
             Ok(Response::new(page.into()))
@@ -84,9 +114,9 @@ impl Rpc for AdminApi {
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let wire = request.get_ref();
-        self.observed("Redrive", &request, &wire.outbox, async {
+        self.observed("Redrive", &request, &wire.outbox, |caller| async move {
             let req = wire.parse(&self.limits).map_err(Error::from)?;
-            let redriven = self.service.redrive(&req).await?;
+            let redriven = self.service.redrive(&req, caller.name()).await?;
             Ok(Response::new(pb::RedriveResponse { redriven }))
         })
         .await
@@ -97,9 +127,9 @@ impl Rpc for AdminApi {
         request: Request<pb::DiscardRequest>,
     ) -> Result<Response<pb::DiscardResponse>, Status> {
         let wire = request.get_ref();
-        self.observed("Discard", &request, &wire.outbox, async {
+        self.observed("Discard", &request, &wire.outbox, |caller| async move {
             let req = wire.parse(&self.limits).map_err(Error::from)?;
-            let discarded = self.service.discard(&req).await?;
+            let discarded = self.service.discard(&req, caller.name()).await?;
             Ok(Response::new(pb::DiscardResponse { discarded }))
         })
         .await

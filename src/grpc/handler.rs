@@ -9,12 +9,14 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use super::{
+    guard::authorize,
     observe,
     pb::{self, outbox_service_server::OutboxService as Rpc},
     request::{Parse, within_deadline},
 };
 use crate::{
     Error,
+    auth::{Access, Authorizer},
     lease::{Limits, StatsRequest},
     metrics::ServerMetrics,
     service::OutboxService,
@@ -25,15 +27,34 @@ pub struct OutboxApi {
     service: OutboxService,
     limits: Arc<Limits>,
     metrics: ServerMetrics,
+    auth: Authorizer,
 }
 
 impl OutboxApi {
-    pub fn new(service: OutboxService, limits: Limits, metrics: ServerMetrics) -> Self {
+    pub fn new(
+        service: OutboxService,
+        limits: Limits,
+        metrics: ServerMetrics,
+        auth: Authorizer,
+    ) -> Self {
         Self {
             service,
             limits: Arc::new(limits),
             metrics,
+            auth,
         }
+    }
+
+    /// The caller's right to `access` the outbox the request names; first in
+    /// every handler, so a refused call changes nothing.
+    fn authorize<T>(
+        &self,
+        method: &'static str,
+        access: Access,
+        outbox: &str,
+        request: &Request<T>,
+    ) -> Result<(), Status> {
+        authorize(&self.auth, &self.metrics, method, access, outbox, request).map(drop)
     }
 
     /// Runs a handler inside its server span and records how it ended.
@@ -60,6 +81,8 @@ impl Rpc for OutboxApi {
         span.record("outbox", request.get_ref().outbox.as_str());
         span.record("worker_id", request.get_ref().worker_id.as_str());
         self.observed("ClaimBatch", span.clone(), async {
+            let outbox = &request.get_ref().outbox;
+            self.authorize("ClaimBatch", Access::Relay, outbox, &request)?;
             let mut req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             req.wait = within_deadline(req.wait, request.metadata());
             if !req.acks.is_empty() {
@@ -86,6 +109,8 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("Ack", span, async {
+            let outbox = &request.get_ref().outbox;
+            self.authorize("Ack", Access::Relay, outbox, &request)?;
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.ack(&req).await?;
             Ok(Response::new(settled.into()))
@@ -101,6 +126,8 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("Nack", span, async {
+            let outbox = &request.get_ref().outbox;
+            self.authorize("Nack", Access::Relay, outbox, &request)?;
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.nack(&req).await?;
             Ok(Response::new(settled.into()))
@@ -116,6 +143,8 @@ impl Rpc for OutboxApi {
             (&r.outbox, &r.lease_id, r.message_ids.len())
         });
         self.observed("ExtendLease", span, async {
+            let outbox = &request.get_ref().outbox;
+            self.authorize("ExtendLease", Access::Relay, outbox, &request)?;
             let req = request.get_ref().parse(&self.limits).map_err(Error::from)?;
             let settled = self.service.extend(&req).await?;
             Ok(Response::new(settled.into()))
@@ -130,6 +159,8 @@ impl Rpc for OutboxApi {
         let span = observe::server_span("GetStats", &request);
         span.record("outbox", request.get_ref().outbox.as_str());
         self.observed("GetStats", span, async {
+            let outbox = &request.get_ref().outbox;
+            self.authorize("GetStats", Access::Stats, outbox, &request)?;
             let req = StatsRequest::from(request.get_ref());
             let stats = self.service.stats(&req).await?;
             Ok(Response::new(stats.into()))

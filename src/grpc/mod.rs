@@ -2,9 +2,11 @@
 //! requests against the limits, naming bad fields as on the wire; `response`
 //! shapes results; `status` maps errors to status codes, with
 //! `google.rpc.BadRequest` details; `handler` strings them together per RPC
-//! of OutboxService, `admin` per RPC of OutboxAdmin.
+//! of OutboxService, `admin` per RPC of OutboxAdmin, each first asking
+//! `guard` whether the caller may.
 
 mod admin;
+mod guard;
 mod handler;
 mod observe;
 mod request;

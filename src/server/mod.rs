@@ -17,6 +17,7 @@ use tonic::{server::NamedService, transport::server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
+    auth::{self, Authorizer},
     config::Config,
     grpc::{
         AdminApi, OutboxApi,
@@ -136,6 +137,7 @@ impl Server {
             tls,
         } = self;
         let addr = listener.local_addr()?;
+        let authorizer = authorizer(&config, addr)?;
         let outboxes = Outboxes::new(store.outboxes());
         let (health, health_service) = tonic_health::server::health_reporter();
         health::set_health(&health, ServingStatus::Serving).await;
@@ -198,18 +200,26 @@ impl Server {
             ),
         );
 
+        if let Some(reload) =
+            authorizer.reloader(auth::RELOAD_POLL, server_metrics.clone(), stop.clone())?
+        {
+            tasks.spawn("auth tokens reload", reload);
+        }
+
         let admin = AdminApi::new(
             AdminService::new(outboxes.clone()),
             config.limits.clone(),
             server_metrics.clone(),
+            authorizer.clone(),
         );
         let service = OutboxService::new(
             outboxes,
             config.poll_interval,
             shutdown.clone(),
             server_metrics.clone(),
+            config.max_waiting_claims,
         );
-        let api = OutboxApi::new(service, config.limits.clone(), server_metrics);
+        let api = OutboxApi::new(service, config.limits.clone(), server_metrics, authorizer);
         let stop_accepting = CancellationToken::new();
         let grpc = spawn_grpc(
             api,
@@ -217,6 +227,7 @@ impl Server {
             health_service,
             listener,
             tls.as_ref().map(ServerTls::acceptor),
+            config.max_request_bytes,
             stop_accepting.clone(),
         )?;
         tracing::info!(%addr, outboxes = ?store.specs().map(|s| s.name.as_str()).collect::<Vec<_>>(), "serving");
@@ -241,6 +252,29 @@ impl Server {
         }
         running.stop().await
     }
+}
+
+/// The API's authorisation, and the one line at start that says who may call it.
+fn authorizer(config: &Config, addr: SocketAddr) -> anyhow::Result<Authorizer> {
+    let Some(settings) = &config.auth else {
+        if addr.ip().is_loopback() {
+            tracing::info!(%addr, "no --auth-tokens: the API is open, on loopback only");
+        } else {
+            tracing::warn!(
+                %addr,
+                "no --auth-tokens and --allow-unauthenticated: anyone who reaches the port can ack events without publishing them"
+            );
+        }
+        return Ok(Authorizer::open());
+    };
+    // Read again (validation read it too): the file is the one in force now.
+    let authorizer = Authorizer::load(settings).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        file = %settings.tokens_file.display(),
+        identities = authorizer.identities().unwrap_or(0),
+        "authorisation on"
+    );
+    Ok(authorizer)
 }
 
 /// How long background tasks get to stop, and the meters to flush.
@@ -292,14 +326,17 @@ impl Running {
 }
 
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
-/// API and its admin service, health, and reflection (both versions, for old
-/// and new grpcurl); over TLS with `tls`.
+/// API and its admin service (requests up to `max_request_bytes`, each
+/// authorised in its handler), health, and reflection (both versions, for old
+/// and new grpcurl), the last two open to all: probes carry no credentials.
+/// Over TLS with `tls`.
 fn spawn_grpc<H>(
     api: OutboxApi,
     admin: AdminApi,
     health_service: H,
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    max_request_bytes: usize,
     stop_accepting: CancellationToken,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>>
 where
@@ -328,8 +365,8 @@ where
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(OutboxServiceServer::new(api))
-        .add_service(OutboxAdminServer::new(admin));
+        .add_service(OutboxServiceServer::new(api).max_decoding_message_size(max_request_bytes))
+        .add_service(OutboxAdminServer::new(admin).max_decoding_message_size(max_request_bytes));
     let stopped = stop_accepting.cancelled_owned();
     Ok(match tls {
         None => tokio::spawn(router.serve_with_incoming_shutdown(

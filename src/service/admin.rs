@@ -36,7 +36,8 @@ impl<S: OutboxStore + AdminStore> AdminService<S> {
         Ok(outbox.store.blocked_keys(req.page).await?)
     }
 
-    pub async fn redrive(&self, req: &RedriveRequest) -> Result<u64, Error> {
+    /// `caller` is who asked (the tokens file's NAME, or `anonymous`), for the audit line.
+    pub async fn redrive(&self, req: &RedriveRequest, caller: &str) -> Result<u64, Error> {
         let outbox = self.outboxes.get(req.outbox.as_str())?;
         let redriven = outbox.store.redrive(&req.selector).await?;
         let selected = match &req.selector {
@@ -45,6 +46,7 @@ impl<S: OutboxStore + AdminStore> AdminService<S> {
             RedriveSelector::All => "all".to_owned(),
         };
         tracing::info!(
+            caller,
             outbox = outbox.name(),
             selected,
             redriven,
@@ -58,11 +60,12 @@ impl<S: OutboxStore + AdminStore> AdminService<S> {
         Ok(redriven)
     }
 
-    pub async fn discard(&self, req: &DiscardRequest) -> Result<u64, Error> {
+    /// `caller` as for [`AdminService::redrive`].
+    pub async fn discard(&self, req: &DiscardRequest, caller: &str) -> Result<u64, Error> {
         let outbox = self.outboxes.get(req.outbox.as_str())?;
         let discarded = outbox.store.discard(&req.message_ids).await?;
         let ids: Vec<String> = req.message_ids.iter().map(ToString::to_string).collect();
-        tracing::info!(outbox = outbox.name(), ids = ?ids, discarded, "discard: dead letters given up for good");
+        tracing::info!(caller, outbox = outbox.name(), ids = ?ids, discarded, "discard: dead letters given up for good");
         if discarded > 0 && outbox.store.spec().ordering.blocks() {
             // The events behind a discarded head are claimable now.
             outbox.waiters.notify(discarded);

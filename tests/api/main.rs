@@ -8,6 +8,7 @@ mod support;
 mod ack;
 mod admin;
 mod adoption;
+mod auth;
 mod availability;
 mod claim;
 mod claim_bytes;
