@@ -154,18 +154,19 @@ fn strangers() -> Vec<Option<String>> {
     ]
 }
 
+/// A new connection to `app` as its clients make them (over TLS when it serves TLS).
 async fn channel(app: &TestApp) -> Channel {
-    Channel::from_shared(format!("http://{}", app.addr))
-        .expect("a URI")
-        .connect()
-        .await
-        .expect("connect")
+    app.endpoint().connect().await.expect("connect")
 }
 
 /// Every call of both services, with `header`, on `outbox`; their codes in
-/// order: ClaimBatch, Ack, Nack… as listed in `CALLS`.
+/// order: ClaimBatch, Ack, GetStats, ListDeadLetters, Redrive, Discard.
 async fn every_call(app: &TestApp, header: Option<&str>, outbox: &str) -> Vec<Code> {
-    let channel = channel(app).await;
+    every_call_on(channel(app).await, header, outbox).await
+}
+
+/// [`every_call`] on a connection of the caller's.
+async fn every_call_on(channel: Channel, header: Option<&str>, outbox: &str) -> Vec<Code> {
     let mut relay = OutboxServiceClient::new(channel.clone());
     let mut admin = OutboxAdminClient::new(channel);
     let some_id = vec![Uuid::new_v4().to_string()];
@@ -841,4 +842,77 @@ async fn an_oversized_ack_is_resource_exhausted_changes_nothing_and_the_server_s
         app.ack(&batch.lease_id, &claimed).await,
         [crate::support::OK]
     );
+}
+
+// ---- `cn:` identities over mutual TLS ----
+
+/// `cn:` lines grant their scopes to a client whose verified certificate
+/// carries that subject CN; a certificate with no line is a stranger; a
+/// bearer token on a mutual-TLS connection is judged as the token; and a
+/// rewritten file takes a `cn:` identity away like a token.
+#[tokio::test]
+async fn a_client_certificate_gets_the_scopes_of_its_cn_line() {
+    use crate::support::{
+        endpoint,
+        pki::{Ca, TempDir},
+    };
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let client_ca = Ca::new("relays CA");
+    let client_ca_file = dir.write("clients.crt", client_ca.cert_pem());
+    let (cert, key) = server_ca.server(1).write_to(&dir, "tls");
+    let ops = token();
+    let cn_lines = "relay-a cn:relay-a relay:a\nrelay-b cn:relay-b relay:b\n";
+    let file = TokensFile::new(&format!("{cn_lines}{}", line("ops", &ops, "admin:*")));
+    let as_relay_a = server_ca
+        .client_tls()
+        .identity(client_ca.client("relay-a").identity());
+    let app = TestApp::spawn_with(|args| {
+        two_outboxes(&file)(args);
+        args.set("--tls-cert", cert)
+            .set("--tls-key", key)
+            .set("--tls-client-ca", &client_ca_file)
+            .client_tls(as_relay_a.clone());
+    })
+    .await;
+    app.insert_into(B_TABLE, 2).await;
+    let before = app.snapshot(B_TABLE).await;
+
+    // The certificate alone: relay:a, nothing else.
+    assert_eq!(
+        every_call(&app, None, A).await,
+        [OK_, OK_, OK_, DENIED, DENIED, DENIED],
+        "cn:relay-a on its outbox"
+    );
+    assert_eq!(every_call(&app, None, B).await, [DENIED; 6], "cn:relay-a on b");
+    assert_eq!(app.snapshot(B_TABLE).await, before, "nothing changed in b");
+
+    // A certificate of the client CA whose name has no line.
+    let stranger = server_ca
+        .client_tls()
+        .identity(client_ca.client("nobody").identity());
+    let channel = endpoint(app.addr, Some(&stranger))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("the handshake succeeds: the CA signed it");
+    assert_eq!(every_call_on(channel, None, A).await, [UNAUTH; 6]);
+
+    // A token on the same connection speaks for the caller instead.
+    let ops_header = bearer(&ops);
+    assert_eq!(
+        every_call(&app, ops_header.as_deref(), A).await,
+        [DENIED, DENIED, OK_, OK_, OK_, OK_],
+        "the token's admin:*, not the certificate's relay:a"
+    );
+
+    // The cn: line removed: the certificate no longer gets in.
+    file.write(&line("ops", &ops, "admin:*"));
+    wait_until(
+        secs(10),
+        "the certificate without its line is refused",
+        async || every_call(&app, None, A).await == [UNAUTH; 6],
+    )
+    .await;
+    assert_eq!(app.snapshot(B_TABLE).await, before, "nothing changed in b");
 }
