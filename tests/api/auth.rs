@@ -884,7 +884,11 @@ async fn a_client_certificate_gets_the_scopes_of_its_cn_line() {
         [OK_, OK_, OK_, DENIED, DENIED, DENIED],
         "cn:relay-a on its outbox"
     );
-    assert_eq!(every_call(&app, None, B).await, [DENIED; 6], "cn:relay-a on b");
+    assert_eq!(
+        every_call(&app, None, B).await,
+        [DENIED; 6],
+        "cn:relay-a on b"
+    );
     assert_eq!(app.snapshot(B_TABLE).await, before, "nothing changed in b");
 
     // A certificate of the client CA whose name has no line.

@@ -614,3 +614,101 @@ async fn the_relay_publishes_an_event_larger_than_grpcs_default_limit() {
     assert_all_arrived(&committed, &tally(&rabbit.drain().await));
     assert_eq!(app.stats().await.dead_lettered, 0);
 }
+
+/// The trust boundary end to end (#34): outboxd over mutual TLS with
+/// authorisation, the real relay with its CA, client certificate and token.
+/// Its events arrive; then the token is rotated the usual way (the server's
+/// file holds both, the relay's file gets the new one, the old line goes)
+/// and the next events arrive too; a relay whose token matches no line
+/// publishes nothing and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_over_mutual_tls_with_a_token_and_follows_its_rotation() {
+    use crate::support::pki::{Ca, TempDir};
+    use outboxd::auth::token_digest;
+    let _turn = BROKER.lock().await;
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let client_ca = Ca::new("relays CA");
+    let (cert, key) = server_ca.server(1).write_to(&dir, "tls");
+    let client_ca_file = dir.write("clients.crt", client_ca.cert_pem());
+    let ca_file = dir.write("ca.crt", server_ca.cert_pem());
+    let (relay_cert, relay_key) = client_ca.client("relay").write_to(&dir, "relay");
+    let line = |name: &str, token: &str| {
+        format!(
+            "{name} sha256:{} relay:default\n",
+            hex::encode(token_digest(token))
+        )
+    };
+    let (old, new) = (Uuid::new_v4().to_string(), Uuid::new_v4().to_string());
+    let tokens = dir.write("tokens", line("relay", &old));
+    let app = TestApp::spawn_with(|args| {
+        args.set("--tls-cert", cert)
+            .set("--tls-key", key)
+            .set("--tls-client-ca", &client_ca_file)
+            .set("--auth-tokens", &tokens)
+            .client_tls(
+                server_ca
+                    .client_tls()
+                    .identity(client_ca.client("test").identity()),
+            );
+    })
+    .await;
+    let rabbit = Rabbit::bound("#").await;
+    let token_file = dir.write("token", format!("{old}\n"));
+    let server = format!("https://localhost:{}", app.addr.port());
+    let secure = [
+        "--server",
+        server.as_str(),
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &relay_cert,
+        "--tls-key",
+        &relay_key,
+    ];
+    let mut args = secure.to_vec();
+    args.extend(["--token-file", &token_file]);
+    let relay = Relay::start(&app, &rabbit, &args);
+
+    let (first, _) = produce(app.pool(), 2, 10, 10, 0).await;
+    wait_all_delivered(&app, &rabbit, first.len(), secs(120)).await;
+
+    // Rotation: both lines, the relay's new token, the old line gone.
+    dir.write(
+        "tokens",
+        format!("{}{}", line("relay", &old), line("relay-next", &new)),
+    );
+    dir.write("token", format!("{new}\n"));
+    dir.write("tokens", line("relay-next", &new));
+    let (second, _) = produce(app.pool(), 2, 10, 10, 0).await;
+    wait_all_delivered(&app, &rabbit, first.len() + second.len(), secs(120)).await;
+    assert!(relay.terminate().await.success(), "SIGTERM exits 0");
+    let counts = tally(&rabbit.drain().await);
+    assert_all_arrived(&first, &counts);
+    assert_all_arrived(&second, &counts);
+
+    // The old token, now unknown: nothing is claimed, and the relay says why.
+    let stale = dir.write("stale-token", format!("{old}\n"));
+    let mut args = secure.to_vec();
+    args.extend(["--token-file", &stale]);
+    let refused = Relay::start(&app, &rabbit, &args);
+    let (third, _) = produce(app.pool(), 1, 1, 5, 0).await;
+    let said = refused
+        .line(secs(30), "the relay's refusal", |l| {
+            l.contains("claim refused")
+        })
+        .await;
+    assert!(said.contains("Unauthenticated"), "{said}");
+    assert!(!said.contains(&old), "the token is never logged: {said}");
+    assert_eq!(
+        unpublished(&app).await,
+        third.len() as i64,
+        "nothing published"
+    );
+    let (status, _) = refused.terminate_with_output().await;
+    assert!(status.success(), "a refused relay still stops cleanly");
+    assert!(
+        rabbit.drain().await.is_empty(),
+        "nothing reached the broker"
+    );
+}

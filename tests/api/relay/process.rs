@@ -90,8 +90,8 @@ impl Relay {
         Self::start_via(app, rabbit, AMQP_URL, extra, env)
     }
 
-    /// A relay for `app` publishing over `amqp_url` to `rabbit`'s exchange
-    /// with `--no-declare`, unless `extra` names an `--exchange` (which the
+    /// A relay for `app` (in plaintext unless `extra` names a `--server`)
+    /// publishing over `amqp_url` to `rabbit`'s exchange with `--no-declare`, unless `extra` names an `--exchange` (which the
     /// relay then declares), and with metrics on a free port unless `extra`
     /// sets `--metrics-listen`.
     pub fn start_via(
@@ -102,8 +102,10 @@ impl Relay {
         env: &[(&str, String)],
     ) -> Self {
         let mut cmd = relay_command();
-        cmd.args(["--server", &format!("http://{}", app.addr)])
-            .args(["--amqp-url", amqp_url]);
+        if !extra.contains(&"--server") {
+            cmd.args(["--server", &format!("http://{}", app.addr)]);
+        }
+        cmd.args(["--amqp-url", amqp_url]);
         if !extra.contains(&"--exchange") {
             cmd.args(["--exchange", &rabbit.exchange, "--no-declare"]);
         }
