@@ -43,6 +43,7 @@ import os
 import random
 import re
 import socket
+import ssl
 import sys
 import time
 import urllib.parse
@@ -154,6 +155,9 @@ class Config:
     token: TokenFile | None
     outbox: str
     amqp_url: str = dataclasses.field(repr=False)  # holds the password
+    #: --amqp-tls-ca: the PEM of a CA trusted for an amqps:// broker besides
+    #: the system's roots, read and checked already; None without one.
+    amqp_tls_ca: str | None = dataclasses.field(repr=False)
     exchange: str
     declare: bool
     routing_key: RoutingKey
@@ -310,6 +314,43 @@ def channel_tls(args: argparse.Namespace, secure: bool) -> ChannelTls | None:
     )
 
 
+def amqp_ca(url: str, path: str | None) -> str | None:
+    """--amqp-tls-ca read and checked, as the Rust relay does: it needs an
+    amqps:// --amqp-url (with amqp:// it would be silently ignored), and the
+    file must hold certificates OpenSSL can load, so a wrong file fails at
+    start, not at every connection attempt. Errors never contain the file."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in ("amqp", "amqps"):
+        raise ValueError("--amqp-url must be an amqp:// or amqps:// URL")
+    if not path:
+        return None
+    if scheme != "amqps":
+        raise ValueError("--amqp-tls-ca needs an amqps:// --amqp-url")
+    try:
+        pem = read_pem("--amqp-tls-ca", path, "CERTIFICATE").decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"--amqp-tls-ca {path}: not a text PEM file") from None
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=pem)
+    except ssl.SSLError:
+        raise ValueError(f"--amqp-tls-ca {path}: a certificate in the file does not parse") from None
+    return pem
+
+
+def amqp_parameters(url: str, tls_ca: str | None) -> pika.URLParameters:
+    """pika's connection parameters for ``url``. For amqps:// pika makes an
+    ``ssl.create_default_context()`` (the system's roots, the host name checked)
+    and wraps it in ``pika.SSLOptions``; --amqp-tls-ca adds its CA to that
+    context. A URL's own ``ssl_options`` query argument, if any, gives pika's
+    context from it, and the CA is added to that one."""
+    params = pika.URLParameters(url)
+    if tls_ca is not None:
+        if params.ssl_options is None:  # amqp_ca() allows the CA with amqps:// only
+            raise ValueError("--amqp-tls-ca needs an amqps:// --amqp-url")
+        params.ssl_options.context.load_verify_locations(cadata=tls_ca)
+    return params
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The relay's flags, each with the Rust relay's env var.
 
@@ -342,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     option("--amqp-url", "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f",
            "RabbitMQ URL, amqp:// or amqps://; never logged with its password",
            shown="amqp://guest:***@127.0.0.1:5672/%2f")
+    option("--amqp-tls-ca", "OUTBOX_RELAY_AMQP_TLS_CA", None,
+           "CA certificate (PEM) trusted for an amqps:// broker besides the system's roots, "
+           "for a broker whose certificate a private CA signed; needs an amqps:// --amqp-url", shown="none")
     option("--exchange", "OUTBOX_RELAY_EXCHANGE", "outbox",
            "exchange to publish to; declared durable topic unless --no-declare")
     p.add_argument("--no-declare", action="store_true", default=env_flag("OUTBOX_RELAY_NO_DECLARE"),
@@ -386,8 +430,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
 def validate(args: argparse.Namespace) -> Config:
     target, secure = grpc_target(args.server)
     tls = channel_tls(args, secure)
-    if urllib.parse.urlsplit(args.amqp_url).scheme not in ("amqp", "amqps"):
-        raise ValueError("--amqp-url must be an amqp:// or amqps:// URL")
+    amqp_tls_ca = amqp_ca(args.amqp_url, args.amqp_tls_ca)
     if not 1 <= args.batch_size <= 10_000:
         raise ValueError("--batch-size must be between 1 and 10000")
     if not 1 <= args.concurrency <= 1024:
@@ -416,6 +459,7 @@ def validate(args: argparse.Namespace) -> Config:
         token=token,
         outbox=args.outbox,
         amqp_url=args.amqp_url,
+        amqp_tls_ca=amqp_tls_ca,
         exchange=args.exchange,
         declare=not args.no_declare,
         routing_key=RoutingKey(args.routing_key),
@@ -705,7 +749,7 @@ class Broker:
     """
 
     def __init__(self, config: Config) -> None:
-        self._params = pika.URLParameters(config.amqp_url)
+        self._params = amqp_parameters(config.amqp_url, config.amqp_tls_ca)
         self._params.client_properties = {"connection_name": f"outbox-relay-py {config.worker_id}"}
         self._broker = redact_url(config.amqp_url)
         self._exchange = config.exchange

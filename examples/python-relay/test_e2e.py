@@ -10,13 +10,18 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import os
 import random
+import secrets
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import uuid
@@ -710,3 +715,336 @@ def test_ordered_outbox_delivers_each_aggregate_in_order(database: str, outboxd,
     assert retried >= 1, "relay B was killed holding a lease, yet no event was claimed twice"
     print(f"{len(committed)} events over {len(delivered)} aggregates in order, "
           f"{duplicates} duplicates, {retried} claimed more than once")
+
+
+# --------------------------------------------------------------------------
+# security: outboxd with TLS, mutual TLS and tokens; RabbitMQ over amqps://
+# --------------------------------------------------------------------------
+
+#: The common name of the worker's client certificate. The tokens file gives it
+#: an identity (a `cn:` line) scoped to the admin service only, so the relay
+#: scope can come from the bearer token alone: a worker that failed to send its
+#: token would be refused (PERMISSION_DENIED) and the test would fail.
+WORKER_CN = "pyrelay-worker"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pki:
+    """A test CA (PEM files in a temp dir), a certificate it signed for
+    localhost/127.0.0.1 and one for the worker (CN=WORKER_CN)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    #: A second, unrelated CA: trusted by nobody.
+    other_ca: Path
+
+
+def openssl(*argv: str) -> None:
+    result = subprocess.run(["openssl", *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"openssl {' '.join(argv)}:\n{result.stderr}"
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is needed to make test certificates")
+    d = tmp_path / "pki"
+    d.mkdir()
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    for name in ("ca", "other-ca"):
+        openssl("req", "-x509", *ec, "-days", "1", "-subj", f"/CN=pyrelay test {name}",
+                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.crt"))
+    for name, cn, ext in (
+        ("server", "localhost", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", WORKER_CN, "extendedKeyUsage=clientAuth\n"),
+    ):
+        (d / f"{name}.ext").write_text(ext)
+        openssl("req", *ec, "-subj", f"/CN={cn}", "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
+        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+                "-CAcreateserial", "-days", "1", "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.crt"))
+    return Pki(ca=d / "ca.crt", server_cert=d / "server.crt", server_key=d / "server.key",
+               client_cert=d / "client.crt", client_key=d / "client.key", other_ca=d / "other-ca.crt")
+
+
+def sha256_line(name: str, token: str, *scopes: str) -> str:
+    return f"{name} sha256:{hashlib.sha256(token.encode()).hexdigest()} {' '.join(scopes)}\n"
+
+
+def health_serving(port: int) -> bool:
+    """grpc.health.v1 Check on the plaintext health port says SERVING. The
+    messages are encoded by hand (no health stubs needed): an empty request
+    asks for the whole server; the answer is field 1, status, SERVING = 1."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            return check(b"", timeout=1) == b"\x08\x01"
+        except grpc.RpcError:
+            return False
+
+
+@dataclasses.dataclass
+class SecureOutboxd:
+    server: Outboxd  # target: the https:// URL the worker is given
+    port: int
+    pki: Pki
+
+    def call(self, token: str | None, method: str = "GetStats") -> grpc.StatusCode:
+        """A call over mutual TLS (the worker's certificate) with `token`: OK,
+        or the code it failed with. GetStats needs a relay or admin scope; Ack
+        (of a lease that does not exist: refused before it is looked at, or
+        answered without effect) needs the relay scope."""
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self.pki.ca.read_bytes(), private_key=self.pki.client_key.read_bytes(),
+            certificate_chain=self.pki.client_cert.read_bytes())
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        with grpc.secure_channel(f"localhost:{self.port}", credentials) as channel:
+            stub = pb_grpc.OutboxServiceStub(channel)
+            try:
+                if method == "GetStats":
+                    stub.GetStats(pb.GetStatsRequest(outbox="default"), timeout=5, metadata=metadata)
+                else:
+                    stub.Ack(pb.AckRequest(outbox="default", lease_id=str(uuid.uuid4()),
+                                           message_ids=[str(uuid.uuid4())]), timeout=5, metadata=metadata)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                return err.code()
+
+    def stats(self, token: str | None) -> grpc.StatusCode:
+        return self.call(token)
+
+
+def start_secure_outboxd(processes: Callable[..., Process], database: str, pki: Pki, tokens: Path) -> SecureOutboxd:
+    assert OUTBOXD_BIN.exists(), f"{OUTBOXD_BIN} not found; run `cargo build` or set OUTBOXD_BIN"
+    port, health_port = free_port(), free_port()
+    env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
+    proc = processes("outboxd", [
+        str(OUTBOXD_BIN), "--database-url", database, "--listen", f"127.0.0.1:{port}",
+        "--metrics-listen", "127.0.0.1:0", "--poll-interval", "200ms",
+        "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca),
+        "--health-listen", f"127.0.0.1:{health_port}", "--auth-tokens", str(tokens),
+    ], env=env)
+
+    def ready() -> bool:
+        assert proc.popen.poll() is None, f"outboxd exited with {proc.popen.returncode}\n{proc.logs()}"
+        return health_serving(health_port)
+
+    wait_until(ready, "outboxd's health port says SERVING", diagnostics=proc.logs)
+    return SecureOutboxd(Outboxd(f"https://localhost:{port}", proc), port, pki)
+
+
+def insert_events(database: str, count: int, producer: int) -> dict[str, Event]:
+    events = [make_event(producer, 0, n) for n in range(count)]
+    with psycopg.connect(database, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+        insert(cur, events)
+    return {e.id: e for e in events}
+
+
+def bind_queue(rabbit: Rabbit) -> None:
+    with amqp_connection() as conn:
+        channel = conn.channel()
+        channel.queue_declare(rabbit.queue, durable=True)
+        channel.queue_bind(rabbit.queue, rabbit.exchange, routing_key="#")
+
+
+def queued(queue: str) -> int:
+    with amqp_connection() as conn:
+        return conn.channel().queue_declare(queue, passive=True).method.message_count
+
+
+def test_tls_mutual_tls_and_a_rotated_token(database: str, rabbit: Rabbit, processes, pki: Pki,
+                                            tmp_path: Path) -> None:
+    old_token, new_token, wrong_token = (secrets.token_hex(32) for _ in range(3))
+    tokens = tmp_path / "tokens"
+    cn_line = f"worker-cert cn:{WORKER_CN} admin:default\n"
+    tokens.write_text("# relay tokens\n" + sha256_line("relay-old", old_token, "relay:default") + cn_line)
+    secure = start_secure_outboxd(processes, database, pki, tokens)
+    bind_queue(rabbit)
+
+    # The API port speaks TLS only, and the test's own client gets in with the token.
+    assert secure.stats(old_token) == grpc.StatusCode.OK
+    with grpc.insecure_channel(f"127.0.0.1:{secure.port}") as channel:
+        with pytest.raises(grpc.RpcError):
+            pb_grpc.OutboxServiceStub(channel).GetStats(pb.GetStatsRequest(outbox="default"), timeout=5)
+    # The client certificate alone names an identity without the relay scope.
+    assert secure.call(None, "Ack") == grpc.StatusCode.PERMISSION_DENIED
+    assert secure.call(wrong_token, "Ack") == grpc.StatusCode.UNAUTHENTICATED
+
+    token_file = tmp_path / "worker-token"
+    token_file.write_text(old_token + "\n")
+    tls_flags = ("--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key))
+    relay = start_relay(processes, secure.server, rabbit.exchange, *tls_flags, "--token-file", str(token_file),
+                        "--batch-size", "20", "--concurrency", "2", "--wait", "2")
+
+    def log_count(process: Process, text: str) -> int:
+        return process.log.read_text(errors="replace").count(text)
+
+    consumer = Consumer(rabbit.queue)
+    try:
+        # 1. Over mutual TLS with the token: everything arrives.
+        first = insert_events(database, 100, producer=1)
+        assert consumer.take(lambda: first.keys() <= consumer.received.keys(), timeout=DEADLINE), \
+            f"{len(first.keys() - consumer.received.keys())} events never arrived\n{relay.logs()}"
+
+        # 2. Rotation: the server file holds both tokens, the worker's file gets
+        #    the new one, then the old line goes. No call is refused meanwhile.
+        tokens.write_text(sha256_line("relay-old", old_token, "relay:default")
+                          + sha256_line("relay-new", new_token, "relay:default") + cn_line)
+        wait_until(lambda: secure.stats(new_token) == grpc.StatusCode.OK, "outboxd accepts the new token",
+                   diagnostics=secure.server.process.logs)
+        token_file.write_text(new_token + "\n")
+        wait_until(lambda: log_count(relay, "token file changed; calls use the new token") >= 1,
+                   "the worker re-reads its token file", diagnostics=relay.logs)
+        tokens.write_text(sha256_line("relay-new", new_token, "relay:default") + cn_line)
+        wait_until(lambda: secure.stats(old_token) == grpc.StatusCode.UNAUTHENTICATED,
+                   "outboxd refuses the old token", diagnostics=secure.server.process.logs)
+
+        second = insert_events(database, 100, producer=2)
+        assert consumer.take(lambda: second.keys() <= consumer.received.keys(), timeout=DEADLINE), \
+            f"{len(second.keys() - consumer.received.keys())} events never arrived after the rotation\n{relay.logs()}"
+        wait_until(lambda: all(r["published_at"] is not None for r in outbox_rows(database).values()),
+                   "every outbox row is published", diagnostics=relay.logs)
+        assert relay.stop() == 0, relay.logs()
+        assert log_count(relay, "claim refused") == 0, relay.logs()
+        assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
+        consumer.drain()
+        assert consumer.received.keys() == first.keys() | second.keys()
+
+        # 3. A worker with a wrong token, and one with none (its certificate has
+        #    no relay scope), publish nothing; each stays up and says why.
+        wrong_file = tmp_path / "wrong-token"
+        wrong_file.write_text(wrong_token)
+        wrong = start_relay(processes, secure.server, rabbit.exchange, *tls_flags, "--token-file", str(wrong_file),
+                            "--wait", "2")
+        no_token = start_relay(processes, secure.server, rabbit.exchange, *tls_flags, "--wait", "2")
+        third = insert_events(database, 30, producer=3)
+        wait_until(lambda: log_count(wrong, "claim refused") >= 2, "the wrong-token worker logs its refusals",
+                   diagnostics=wrong.logs)
+        wait_until(lambda: log_count(no_token, "claim refused") >= 2, "the token-less worker logs its refusals",
+                   diagnostics=no_token.logs)
+        assert "UNAUTHENTICATED" in wrong.log.read_text(errors="replace"), wrong.logs()
+        assert "PERMISSION_DENIED" in no_token.log.read_text(errors="replace"), no_token.logs()
+        assert wrong.popen.poll() is None and no_token.popen.poll() is None, "a refused worker exited"
+        rows = outbox_rows(database)
+        assert all(rows[i]["published_at"] is None and rows[i]["attempts"] == 0 for i in third), \
+            "a refused worker claimed or published"
+        assert queued(rabbit.queue) == 0, "a refused worker published"
+        assert wrong.stop() == 0 and no_token.stop() == 0
+
+        # The same events were publishable all along: a worker with the right token relays them.
+        good = start_relay(processes, secure.server, rabbit.exchange, *tls_flags, "--token-file", str(token_file))
+        assert consumer.take(lambda: third.keys() <= consumer.received.keys(), timeout=DEADLINE), good.logs()
+        assert good.stop() == 0, good.logs()
+    finally:
+        consumer.close()
+
+
+class TlsProxy:
+    """A throwaway amqps:// endpoint: TLS terminated here with `pki`'s
+    localhost certificate, the bytes forwarded to RabbitMQ's plaintext port,
+    so no broker needs a TLS listener. Counts completed handshakes."""
+
+    def __init__(self, pki: Pki, upstream: tuple[str, int]) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(pki.server_cert, pki.server_key)
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.handshakes = 0
+        self.failed_handshakes = 0
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="tls-proxy", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(10)
+            tls = self.context.wrap_socket(conn, server_side=True)
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError):
+            with self._lock:
+                self.failed_handshakes += 1
+            conn.close()
+            return
+        try:
+            plain = socket.create_connection(self.upstream, timeout=10)
+            plain.settimeout(None)
+        except OSError:
+            tls.close()
+            return
+        with self._lock:
+            self.handshakes += 1
+            self._sockets += [tls, plain]
+        threading.Thread(target=self._pump, args=(plain, tls), daemon=True).start()
+        self._pump(tls, plain)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._lock:
+            for s in self._sockets:
+                s.close()
+
+
+def test_amqps_with_the_amqp_tls_ca(database: str, outboxd, rabbit: Rabbit, processes, pki: Pki) -> None:
+    amqp = urllib.parse.urlsplit(AMQP_URL)
+    proxy = TlsProxy(pki, (amqp.hostname or "127.0.0.1", amqp.port or 5672))
+    amqps_url = urllib.parse.urlunsplit(amqp._replace(scheme="amqps", netloc=f"guest:guest@localhost:{proxy.port}"))
+    server = outboxd()
+    bind_queue(rabbit)
+    consumer = Consumer(rabbit.queue)
+    try:
+        # Without the CA, the broker's certificate is refused: nothing is claimed.
+        untrusting = start_relay(processes, server, rabbit.exchange, "--amqp-url", amqps_url)
+        events = insert_events(database, 50, producer=1)
+        wait_until(lambda: "RabbitMQ unavailable" in untrusting.log.read_text(errors="replace"),
+                   "the relay without the CA reports the broker unavailable", diagnostics=untrusting.logs)
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusting.log.read_text(errors="replace"), untrusting.logs()
+        assert untrusting.stop() == 0, untrusting.logs()
+        assert proxy.handshakes == 0 and proxy.failed_handshakes >= 1
+        assert all(r["published_at"] is None and r["attempts"] == 0 for r in outbox_rows(database).values())
+
+        # Another CA does not help either.
+        other = start_relay(processes, server, rabbit.exchange, "--amqp-url", amqps_url,
+                            "--amqp-tls-ca", str(pki.other_ca))
+        wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in other.log.read_text(errors="replace"),
+                   "the relay trusting another CA refuses the broker", diagnostics=other.logs)
+        assert other.stop() == 0, other.logs()
+        assert proxy.handshakes == 0
+
+        # With it, every event arrives, over the proxy's TLS.
+        relay = start_relay(processes, server, rabbit.exchange, "--amqp-url", amqps_url,
+                            "--amqp-tls-ca", str(pki.ca))
+        assert consumer.take(lambda: events.keys() <= consumer.received.keys(), timeout=DEADLINE), relay.logs()
+        wait_until(lambda: all(r["published_at"] is not None for r in outbox_rows(database).values()),
+                   "every outbox row is published", diagnostics=relay.logs)
+        assert relay.stop() == 0, relay.logs()
+        assert proxy.handshakes >= 1
+        assert "Traceback" not in relay.log.read_text(errors="replace"), relay.logs()
+        consumer.drain()
+        assert consumer.received.keys() == events.keys()
+    finally:
+        consumer.close()
+        proxy.close()

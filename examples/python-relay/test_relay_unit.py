@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import shutil
+import socket
+import ssl
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -370,7 +372,7 @@ def test_passwords_are_masked() -> None:
 # --------------------------------------------------------------------------
 
 TLS_ENV = ("OUTBOX_SERVER", "OUTBOX_RELAY_TOKEN_FILE", "OUTBOX_RELAY_TLS_CA", "OUTBOX_RELAY_TLS_CERT",
-           "OUTBOX_RELAY_TLS_KEY")
+           "OUTBOX_RELAY_TLS_KEY", "AMQP_URL", "OUTBOX_RELAY_AMQP_TLS_CA")
 
 
 @pytest.fixture
@@ -538,3 +540,99 @@ def test_a_server_the_ca_did_not_sign_is_refused(pki: dict[str, str]) -> None:
         assert recorder.seen == []
     finally:
         server.stop(None)
+
+
+# --------------------------------------------------------------------------
+# --amqp-tls-ca
+# --------------------------------------------------------------------------
+
+AMQPS = "amqps://guest:guest@localhost/%2f"
+
+
+def test_amqp_tls_ca_is_read_and_added_to_pikas_context(pki: dict[str, str]) -> None:
+    config = relay.parse_config(["--amqp-url", AMQPS, "--amqp-tls-ca", pki["server_cert"]])
+    assert config.amqp_tls_ca is not None and "BEGIN CERTIFICATE" in config.amqp_tls_ca
+    assert "BEGIN CERTIFICATE" not in repr(config), "repr shows no certificate"
+    params = relay.amqp_parameters(config.amqp_url, config.amqp_tls_ca)
+    assert params.port == 5671, "amqps:// keeps pika's TLS port"
+    context = params.ssl_options.context
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    subjects = [dict(field[0] for field in ca["subject"]) for ca in context.get_ca_certs()]
+    assert {"commonName": "localhost"} in subjects
+
+    # Without the flag: pika's own default context, nothing added; amqp:// has no TLS at all.
+    default = relay.parse_config(["--amqp-url", AMQPS])
+    assert default.amqp_tls_ca is None
+    params = relay.amqp_parameters(default.amqp_url, default.amqp_tls_ca)
+    assert params.ssl_options is not None
+    assert {"commonName": "localhost"} not in [dict(f[0] for f in ca["subject"])
+                                               for ca in params.ssl_options.context.get_ca_certs()]
+    assert relay.amqp_parameters("amqp://guest:guest@localhost/%2f", None).ssl_options is None
+
+
+def test_amqp_tls_ca_comes_from_the_rust_relays_env_var(pki: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMQP_URL", AMQPS)
+    monkeypatch.setenv("OUTBOX_RELAY_AMQP_TLS_CA", pki["server_cert"])
+    assert relay.parse_config([]).amqp_tls_ca is not None
+    # A flag wins over the env var, as every other option.
+    with pytest.raises(SystemExit):
+        relay.parse_config(["--amqp-tls-ca", "/nonexistent/ca.pem"])
+
+
+def test_amqp_tls_ca_errors_are_one_line_and_exit_64(pki: dict[str, str], capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    garbled = tmp_path / "garbled.pem"
+    garbled.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n")
+    binary = tmp_path / "binary.pem"
+    binary.write_bytes(b"-----BEGIN CERTIFICATE-----\n\xff\xfe\n-----END CERTIFICATE-----\n")
+    for argv, says in [
+        (["--amqp-url", "amqp://guest:guest@localhost/%2f", "--amqp-tls-ca", pki["server_cert"]],
+         "--amqp-tls-ca needs an amqps:// --amqp-url"),
+        # the default --amqp-url is amqp:// too
+        (["--amqp-tls-ca", pki["server_cert"]], "--amqp-tls-ca needs an amqps:// --amqp-url"),
+        (["--amqp-url", AMQPS, "--amqp-tls-ca", pki["token"]], "--amqp-tls-ca"),
+        (["--amqp-url", AMQPS, "--amqp-tls-ca", "/nonexistent/ca.pem"], "--amqp-tls-ca /nonexistent/ca.pem"),
+        (["--amqp-url", AMQPS, "--amqp-tls-ca", str(garbled)], "does not parse"),
+        (["--amqp-url", AMQPS, "--amqp-tls-ca", str(binary)], "not a text PEM file"),
+        (["--amqp-url", "http://localhost/", "--amqp-tls-ca", pki["server_cert"]],
+         "--amqp-url must be an amqp:// or amqps:// URL"),
+    ]:
+        line = config_error(argv, capsys)
+        assert says in line, (argv, line)
+        assert "s3cret-token" not in line and "bm90IGEg" not in line, "the file's content is never shown"
+    assert "no PEM certificate" in config_error(["--amqp-url", AMQPS, "--amqp-tls-ca", pki["token"]], capsys)
+
+
+def _tls_handshake(context: ssl.SSLContext, pki: dict[str, str]) -> None:
+    """A TLS handshake with `context` against a local server presenting the
+    localhost certificate of `pki` (signed by itself)."""
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(pki["server_cert"], pki["server_key"])
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            try:
+                with server_context.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                    context.wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(b"x")
+        finally:
+            thread.join(10)
+
+
+def test_the_amqp_ca_decides_the_brokers_handshake(pki: dict[str, str]) -> None:
+    """What pika's connection gets: with --amqp-tls-ca a broker certificate that
+    CA signed is accepted; without it the same certificate is refused."""
+    trusted = relay.amqp_parameters(AMQPS, relay.amqp_ca(AMQPS, pki["server_cert"]))
+    _tls_handshake(trusted.ssl_options.context, pki)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _tls_handshake(relay.amqp_parameters(AMQPS, None).ssl_options.context, pki)
