@@ -52,7 +52,7 @@ _RESOURCES: dict[str, list[tuple[str, str]]] = {
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget")],
     "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler")],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy")],
-    "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor")],
+    "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule")],
     "cert-manager.io/v1": [("certificates", "Certificate")],
 }
 KUBE_VERSION = ("1", "31")

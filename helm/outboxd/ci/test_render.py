@@ -98,7 +98,7 @@ class Rendered:
         return self.maybe("Job", "migrations")
 
     def configmap(self) -> dict:
-        return self.one("ConfigMap")
+        return self.one("ConfigMap", "server")
 
 
 def _values_for(variant: str) -> dict[str, Any]:

@@ -395,3 +395,8 @@ given, else the selectors (an empty namespaceSelector means the release namespac
     {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* A number as PromQL reads it: 1000000, not Go's 1e+06. */}}
+{{- define "outboxd.promNumber" -}}
+{{- if eq (float64 .) (float64 (int64 .)) }}{{ int64 . }}{{ else }}{{ . }}{{ end -}}
+{{- end }}
