@@ -316,6 +316,9 @@ def test_optional_resources_follow_their_switches(variant):
     assert bool(variant.of("HorizontalPodAutoscaler")) == v["autoscaling"]["enabled"]
     assert ("replicas" in variant.server()["spec"]) != v["autoscaling"]["enabled"]
     assert bool(variant.of("ServiceMonitor")) == v["metrics"]["serviceMonitor"]["enabled"]
+    assert bool(variant.of("PrometheusRule")) == v["prometheusRule"]["enabled"]
+    dashboards = [c for c in variant.of("ConfigMap") if "outboxd.json" in c.get("data", {})]
+    assert bool(dashboards) == v["grafanaDashboard"]["enabled"]
     assert bool(variant.of("NetworkPolicy")) == v["networkPolicy"]["enabled"]
     otel = "OTEL_EXPORTER_OTLP_ENDPOINT" in variant.configmap()["data"]
     assert otel == v["otel"]["enabled"]
@@ -689,6 +692,106 @@ def test_tls_from_cert_manager_with_client_certificates(render):
 def test_tls_and_auth_mistakes_are_refused(render, values, reason):
     with pytest.raises(helmkit.RenderError, match=reason):
         render(values)
+
+
+# --- alerts and dashboard -----------------------------------------------------
+
+def _alerts(doc: dict) -> dict[str, dict]:
+    return {r["alert"]: r for g in doc["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_alerts_and_dashboard_are_off_by_default(render):
+    r = render("default")
+    assert r.of("PrometheusRule") == []
+    assert [c for c in r.of("ConfigMap") if "outboxd.json" in c.get("data", {})] == []
+
+
+def test_prometheus_rule_carries_labels_namespace_and_the_readme_alerts(render):
+    r = render({"prometheusRule": {"enabled": True, "namespace": "monitoring",
+                                   "labels": {"release": "kube-prometheus"}}})
+    rule = r.one("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "monitoring"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert rule["metadata"]["labels"]["app.kubernetes.io/component"] == "monitoring"
+    alerts = _alerts(rule)
+    metrics = " ".join(a["expr"] for a in alerts.values())
+    for name in ["outbox_oldest_pending_age_seconds", "outbox_dead_lettered_messages",
+                 "outbox_blocked_keys", "outbox_oldest_blocked_key_age_seconds",
+                 "outbox_commit_order_holdback_seconds", "outbox_db_xmin_horizon_age_seconds",
+                 "outbox_table_dead_tuples", "outbox_table_last_autovacuum_age_seconds",
+                 "outbox_messages_acked_total", 'outbox_rpc_duration_seconds_count{code="Unavailable"}',
+                 "outbox_auth_refusals_total", 'outbox_auth_reloads_total{result!="ok"}',
+                 "outbox_waiting_claims_refused_total"]:
+        assert name in metrics, name
+    # The job label a ServiceMonitor gives its targets is the Service's name.
+    assert 'up{job="outboxd", namespace="outboxd-test"}' in alerts["OutboxdDown"]["expr"]
+    for name, a in alerts.items():
+        assert a["labels"]["severity"] in ("critical", "warning"), name
+        assert {"summary", "description", "runbook_url"} <= set(a["annotations"]), name
+        # Prometheus' templating reaches Prometheus: Helm did not eat it.
+        assert "{{ $" in a["annotations"]["summary"] + a["annotations"]["description"], name
+        assert a["annotations"]["runbook_url"].startswith(
+            r.values["prometheusRule"]["runbookBaseUrl"] + "#"), name
+
+
+def test_alert_values_reach_the_rules(render):
+    rule = render({"prometheusRule": {
+        "enabled": True,
+        "replicaLabels": ["pod"],
+        "runbookBaseUrl": "https://wiki.example/outboxd",
+        "additionalAlertLabels": {"team": "payments"},
+        "alerts": {
+            "oldestPendingAge": {"threshold": 120, "for": "2m", "severity": "page"},
+            "deadTuplesGrowing": {"threshold": 5000000},
+            "waitingClaimsRefused": {"threshold": 0.5},
+            "blockedKeys": {"enabled": False},
+        },
+        "additionalRules": [{"alert": "OutboxCustom", "expr": "vector(1)", "labels": {"severity": "info"}}],
+    }}).one("PrometheusRule")
+    alerts = _alerts(rule)
+    age = alerts["OutboxOldestPendingAgeHigh"]
+    assert age["expr"] == "max without (pod) (outbox_oldest_pending_age_seconds) > 120"
+    assert age["for"] == "2m"
+    assert age["labels"] == {"severity": "page", "team": "payments"}
+    assert age["annotations"]["runbook_url"] == "https://wiki.example/outboxd#operations-what-to-alert-on"
+    # Large thresholds print as PromQL numbers, not Go's 5e+06.
+    assert "outbox_table_dead_tuples) > 5000000 and" in alerts["OutboxTableDeadTuplesGrowing"]["expr"]
+    assert alerts["OutboxWaitingClaimsRefused"]["expr"].endswith("> 0.5")
+    assert "OutboxBlockedKeys" not in alerts
+    assert alerts["OutboxCustom"] == {"alert": "OutboxCustom", "expr": "vector(1)", "labels": {"severity": "info"}}
+
+
+def test_dashboard_configmap_carries_the_chart_dashboard(render):
+    r = render({"grafanaDashboard": {"enabled": True, "namespace": "grafana",
+                                     "sidecarLabels": {"grafana_dashboard": "outboxd"},
+                                     "labels": {"team": "payments"},
+                                     "annotations": {"grafana_folder": "Outbox"}}})
+    [cm] = [c for c in r.of("ConfigMap") if "outboxd.json" in c.get("data", {})]
+    assert cm["metadata"]["namespace"] == "grafana"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "outboxd"
+    assert cm["metadata"]["labels"]["team"] == "payments"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Outbox"}
+    assert json.loads(cm["data"]["outboxd.json"]) == json.loads((CHART / "dashboards/outboxd.json").read_text())
+    assert r.configmap()["metadata"]["name"] != cm["metadata"]["name"]
+
+
+def test_dashboard_sidecar_label_defaults_to_grafana_dashboard_1(render):
+    [cm] = [c for c in render({"grafanaDashboard": {"enabled": True}}).of("ConfigMap")
+            if "outboxd.json" in c.get("data", {})]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "outboxd-test"
+
+
+def test_dashboard_has_the_panels_and_variables(render):
+    dash = json.loads((CHART / "dashboards/outboxd.json").read_text())
+    titles = {p["title"] for p in dash["panels"]}
+    for title in ["Pending", "In flight", "Oldest pending age", "Dead letters", "Blocked keys",
+                  "Claim / ack rates", "RPC latency p50 / p99 by method", "RPC codes",
+                  "Commit-order holdback", "xmin horizon age", "Dead tuples", "Last autovacuum age",
+                  "Auth refusals"]:
+        assert title in titles, title
+    assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource", "outbox"}
 
 
 # --- values.yaml documentation and schema coverage ----------------------------
