@@ -565,6 +565,10 @@ def test_all_options(render):
     ({"config": {"drainTimeout": "20 seconds"}}, "drainTimeout"),
     ({"config": {"statementTimeout": "0"}}, "statementTimeout"),
     ({"config": {"dbStartTimeout": "forever"}}, "dbStartTimeout"),
+    ({"prometheusRule": {"alerts": {"oldestPendingAge": {"threshold": -1}}}}, "threshold"),
+    ({"prometheusRule": {"alerts": {"oldestPendingAge": {"for": "five minutes"}}}}, "for"),
+    ({"prometheusRule": {"alerts": {"oldestPendingAges": {"enabled": True}}}}, "oldestPendingAges"),
+    ({"prometheusRule": {"replicaLabels": ["pod name"]}}, "replicaLabels"),
     ({"config": {"maxClaimBytes": 512}}, "maxClaimBytes"),
     ({"config": {"maxClaimBytes": 65536, "maxMessageBytes": 4096}}, "maxMessageBytes"),
     ({"config": {"maxMessageBytes": "2097152"}}, "maxMessageBytes"),  # under the default claim budget
