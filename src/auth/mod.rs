@@ -50,6 +50,9 @@ pub enum Access {
     Stats,
     /// The OutboxAdmin service: an `admin:` scope.
     Admin,
+    /// An OutboxAdmin call about the database rather than one outbox
+    /// (GetDatabaseReport): an `admin:` scope for any outbox.
+    AnyAdmin,
 }
 
 impl Access {
@@ -57,6 +60,7 @@ impl Access {
         match self {
             Self::Relay => scope.covers(ScopeKind::Relay, outbox),
             Self::Admin => scope.covers(ScopeKind::Admin, outbox),
+            Self::AnyAdmin => scope.kind == ScopeKind::Admin,
             Self::Stats => {
                 scope.covers(ScopeKind::Relay, outbox) || scope.covers(ScopeKind::Admin, outbox)
             }
@@ -67,6 +71,7 @@ impl Access {
         match self {
             Self::Relay => "a relay scope",
             Self::Admin => "an admin scope",
+            Self::AnyAdmin => "an admin scope (for any outbox)",
             Self::Stats => "a relay or admin scope",
         }
     }
