@@ -232,9 +232,10 @@ impl Warnings {
             }
         }
         for holder in holders.iter().filter(|h| h.age > after) {
-            let key = holder.key();
-            if !self.warned.contains_key(&key) {
-                self.warned.insert(key, holder.clone());
+            if let std::collections::hash_map::Entry::Vacant(entry) =
+                self.warned.entry(holder.key())
+            {
+                entry.insert(holder.clone());
                 changes.new.push(holder.clone());
             }
         }
@@ -245,8 +246,11 @@ impl Warnings {
 /// When each slot was first seen holding its current xmin / catalog xmin.
 #[derive(Debug, Default)]
 struct SlotClock {
-    since: HashMap<String, (Option<i64>, Option<i64>, DateTime<Utc>)>,
+    since: HashMap<String, HeldSince>,
 }
+
+/// A slot's xmin and catalog xmin, and when they were first seen.
+type HeldSince = (Option<i64>, Option<i64>, DateTime<Utc>);
 
 impl SlotClock {
     fn held_for(
@@ -313,7 +317,7 @@ fn report(
             age: p.age,
         }))
         .collect();
-    holders.sort_by(|a, b| b.age.cmp(&a.age));
+    holders.sort_by_key(|h| std::cmp::Reverse(h.age));
     let horizon_age = holders.first().map(|h| h.age).unwrap_or_default();
     // Transactions come oldest first: the first writer is the oldest.
     let commit_order_cause = commit_order_held
