@@ -399,3 +399,49 @@ async fn dead_tuples_show_after_deletes_without_vacuum() {
     assert!(table.dead_tuples >= 200, "{table:?}");
     assert!(table.since_vacuum.is_none(), "{table:?}");
 }
+
+#[tokio::test]
+async fn the_report_names_the_writer_an_ordered_outbox_waits_for() {
+    let app = TestApp::spawn_with(|args| {
+        args.add("--outbox", "default=public.outbox")
+            .add("--outbox", "orders=public.orders_outbox:ordering=aggregate")
+            .set("--metrics-interval", "100ms")
+            .set("--watchdog-interval", "200ms");
+    })
+    .await;
+    let (mut writer, pid) = open_transaction(&app.db, "watchdog-test-writer").await;
+    // An ordered event committed while the writer is open waits for it.
+    app.db
+        .execute(
+            "INSERT INTO public.orders_outbox (id, aggregate_id, event_type, payload) \
+             VALUES (gen_random_uuid(), 'a', 'test.event', '{}')",
+        )
+        .await;
+    let mut last = None;
+    let named = holds_within(secs(20), millis(100), async || {
+        last = report(&app).await;
+        last.as_ref()
+            .and_then(|r| r.commit_order_cause.as_ref())
+            .is_some_and(|c| c.pid == pid)
+    })
+    .await;
+    assert!(named, "the writer {pid} is named as the cause: {last:?}");
+    let cause = last
+        .as_ref()
+        .and_then(|r| r.commit_order_cause.clone())
+        .expect("a cause");
+    assert_eq!(cause.application_name, "watchdog-test-writer");
+    assert_eq!(cause.state, "idle in transaction");
+
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut writer)
+        .await
+        .expect("the writer ends");
+    let cleared = holds_within(secs(20), millis(100), async || {
+        report(&app)
+            .await
+            .is_some_and(|r| r.commit_order_cause.is_none())
+    })
+    .await;
+    assert!(cleared, "no cause once the writer ended");
+}
