@@ -580,6 +580,18 @@ mod tests {
         assert_eq!(default.policy.max_attempts, 10);
         assert_eq!(default.policy.retention, Duration::from_secs(7 * 24 * 3600));
         assert!(config.migrate);
+        assert_eq!(config.watchdog_interval, Duration::from_secs(30));
+        assert_eq!(config.xmin_warn_after, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn the_watchdog_interval_must_be_positive() {
+        let url = "postgres://u@db/app";
+        let err = serve(&["--database-url", url, "--watchdog-interval", "0"]).expect_err("zero");
+        assert!(err.contains("--watchdog-interval"), "{err}");
+        let config =
+            serve(&["--database-url", url, "--watchdog-interval", "200ms"]).expect("valid");
+        assert_eq!(config.watchdog_interval, Duration::from_millis(200));
     }
 
     #[test]

@@ -384,6 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn a_database_call_takes_an_admin_scope_for_any_outbox_and_no_relay_scope() {
+        let auth = table(&format!(
+            "{}{}{}",
+            line("ops-orders", "to", "admin:orders"),
+            line("ops", "tops", "admin:*"),
+            line("all", "tall", "relay:*")
+        ));
+        let code = |header: &str| {
+            auth.check(Access::AnyAdmin, "", &with(Some(header)))
+                .map(|c| c.name().to_owned())
+                .map_err(|s| s.code())
+        };
+        assert_eq!(code("Bearer to"), Ok("ops-orders".into()));
+        assert_eq!(code("Bearer tops"), Ok("ops".into()));
+        assert_eq!(code("Bearer tall"), Err(tonic::Code::PermissionDenied));
+        assert_eq!(code("Bearer nope"), Err(tonic::Code::Unauthenticated));
+    }
+
+    #[test]
     fn tokens_are_matched_to_their_identity_and_scopes() {
         let auth = table(&format!(
             "{}{}{}",
