@@ -155,7 +155,7 @@ impl From<&DatabaseReport> for pb::GetDatabaseReportResponse {
             replication_slots: sample
                 .slots
                 .iter()
-                .map(|s| pb::ReplicationSlot {
+                .map(|s| pb::DatabaseReplicationSlot {
                     name: s.name.clone(),
                     slot_type: s.slot_type.clone(),
                     active: s.active,
@@ -187,7 +187,7 @@ impl From<&OpenTransaction> for pb::DatabaseTransaction {
     }
 }
 
-impl From<&PreparedTransaction> for pb::PreparedTransaction {
+impl From<&PreparedTransaction> for pb::DatabasePreparedTransaction {
     fn from(p: &PreparedTransaction) -> Self {
         Self {
             gid: p.gid.clone(),

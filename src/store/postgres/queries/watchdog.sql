@@ -7,7 +7,9 @@ SELECT now() AS read_at
 ;
 -- 2. This database's transactions that hold back the xmin horizon: they hold
 -- a transaction id (they wrote) or a snapshot. The sampling backend itself is
--- left out. Oldest first, bounded.
+-- left out, and so are autovacuum workers (a vacuum's snapshot holds back no
+-- other vacuum) and parallel workers (their leader is listed). Oldest first,
+-- bounded.
 SELECT a.pid,
        coalesce(a.application_name, '') AS application_name,
        coalesce(a.state, '') AS state,
@@ -22,6 +24,7 @@ WHERE a.datname = current_database()
   AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
   AND a.xact_start IS NOT NULL
   AND a.pid <> pg_backend_pid()
+  AND a.backend_type NOT IN ('autovacuum worker', 'parallel worker')
 ORDER BY a.xact_start
 LIMIT 50
 ;
