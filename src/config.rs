@@ -237,6 +237,18 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_HEALTH_INTERVAL", value_parser = parse_duration, default_value = "5s")]
     pub health_interval: Duration,
 
+    /// How often the database watchdog samples what holds back the xmin
+    /// horizon (old transactions, replication slots, prepared transactions)
+    /// and each outbox table's dead tuples and vacuum ages: one cheap
+    /// statement over the catalogue views per interval.
+    #[arg(long, env = "OUTBOXD_WATCHDOG_INTERVAL", value_parser = parse_duration, default_value = "30s")]
+    pub watchdog_interval: Duration,
+
+    /// How old the holder of the xmin horizon may grow before the watchdog
+    /// logs it (once per holder, at WARN; once at INFO when it is gone).
+    #[arg(long, env = "OUTBOXD_XMIN_WARN_AFTER", value_parser = parse_duration, default_value = "10m")]
+    pub xmin_warn_after: Duration,
+
     /// How long in-flight RPCs may take to finish after SIGTERM.
     #[arg(long, env = "OUTBOXD_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub drain_timeout: Duration,
@@ -297,6 +309,8 @@ pub struct Config {
     pub retention_interval: Duration,
     pub retention_batch: u32,
     pub health_interval: Duration,
+    pub watchdog_interval: Duration,
+    pub xmin_warn_after: Duration,
     pub drain_timeout: Duration,
 }
 
@@ -400,6 +414,7 @@ impl ServeArgs {
             ("--retention-interval", self.retention_interval),
             ("--health-interval", self.health_interval),
             ("--metrics-interval", self.metrics_interval),
+            ("--watchdog-interval", self.watchdog_interval),
         ] {
             if value.is_zero() {
                 return Err(format!("{flag} must be positive"));
@@ -453,6 +468,8 @@ impl ServeArgs {
             retention_interval: self.retention_interval,
             retention_batch: self.retention_batch,
             health_interval: self.health_interval,
+            watchdog_interval: self.watchdog_interval,
+            xmin_warn_after: self.xmin_warn_after,
             drain_timeout: self.drain_timeout,
         })
     }
@@ -563,6 +580,18 @@ mod tests {
         assert_eq!(default.policy.max_attempts, 10);
         assert_eq!(default.policy.retention, Duration::from_secs(7 * 24 * 3600));
         assert!(config.migrate);
+        assert_eq!(config.watchdog_interval, Duration::from_secs(30));
+        assert_eq!(config.xmin_warn_after, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn the_watchdog_interval_must_be_positive() {
+        let url = "postgres://u@db/app";
+        let err = serve(&["--database-url", url, "--watchdog-interval", "0"]).expect_err("zero");
+        assert!(err.contains("--watchdog-interval"), "{err}");
+        let config =
+            serve(&["--database-url", url, "--watchdog-interval", "200ms"]).expect("valid");
+        assert_eq!(config.watchdog_interval, Duration::from_millis(200));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use opentelemetry::{
 
 use outbox_runtime::metrics::{AGE_BUCKETS, BATCH_BUCKETS, LATENCY_BUCKETS};
 
-use crate::lease::Stats;
+use crate::{lease::Stats, tasks::watchdog::DatabaseReport};
 
 pub use outbox_runtime::metrics::{Metrics, serve};
 
@@ -34,8 +34,21 @@ pub struct ServerMetrics {
     claim_batch_size: Histogram<u64>,
     commit_to_ack: Histogram<f64>,
     gauges: Arc<Mutex<BTreeMap<String, Stats>>>,
+    database: Arc<Mutex<DatabaseGauges>>,
     _observers: Arc<Vec<ObservableGauge<f64>>>,
 }
+
+/// The database watchdog's latest values: the database's (no label) and
+/// each outbox table's. Empty until the first sample, so nothing is exported
+/// before there is something to say.
+#[derive(Debug, Default)]
+struct DatabaseGauges {
+    database: Option<[f64; DATABASE_GAUGES]>,
+    tables: BTreeMap<String, [Option<f64>; TABLE_GAUGES]>,
+}
+
+const DATABASE_GAUGES: usize = 7;
+const TABLE_GAUGES: usize = 6;
 
 impl ServerMetrics {
     pub fn new(metrics: &Metrics) -> Self {
@@ -61,7 +74,7 @@ impl ServerMetrics {
                 })
                 .build()
         };
-        let observers = vec![
+        let mut observers = vec![
             gauge(
                 "outbox_pending_messages",
                 "{message}",
@@ -111,6 +124,118 @@ impl ServerMetrics {
                 |s| s.commit_order_holdback.as_secs_f64(),
             ),
         ];
+        let database: Arc<Mutex<DatabaseGauges>> = Arc::default();
+        let db_gauge = |name: &'static str, unit: &'static str, help: &'static str, at: usize| {
+            let snapshot = Arc::clone(&database);
+            meter
+                .f64_observable_gauge(name)
+                .with_description(help)
+                .with_unit(unit)
+                .with_callback(move |observer| {
+                    let snapshot = snapshot.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(values) = &snapshot.database {
+                        observer.observe(values[at], &[]);
+                    }
+                })
+                .build()
+        };
+        let table_gauge =
+            |name: &'static str, unit: &'static str, help: &'static str, at: usize| {
+                let snapshot = Arc::clone(&database);
+                meter
+                    .f64_observable_gauge(name)
+                    .with_description(help)
+                    .with_unit(unit)
+                    .with_callback(move |observer| {
+                        let snapshot = snapshot.lock().unwrap_or_else(|p| p.into_inner());
+                        for (outbox, values) in &snapshot.tables {
+                            if let Some(value) = values[at] {
+                                observer.observe(value, &[KeyValue::new("outbox", outbox.clone())]);
+                            }
+                        }
+                    })
+                    .build()
+            };
+        observers.extend([
+            db_gauge(
+                "outbox_db_xmin_horizon_age_seconds",
+                "s",
+                "Age of the oldest holder of the database's xmin horizon (transaction, replication slot or prepared transaction); 0 when none. While it grows, vacuum cannot remove dead outbox rows. Alert on this.",
+                0,
+            ),
+            db_gauge(
+                "outbox_db_oldest_transaction_age_seconds",
+                "s",
+                "Age of the oldest transaction of the database that holds a transaction id or a snapshot.",
+                1,
+            ),
+            db_gauge(
+                "outbox_db_idle_in_transaction_seconds",
+                "s",
+                "How long the longest idle-in-transaction session of the database has been idle.",
+                2,
+            ),
+            db_gauge(
+                "outbox_db_replication_slots_holding_xmin",
+                "{slot}",
+                "Replication slots (physical ones, and this database's logical ones) with an xmin or catalog_xmin set.",
+                3,
+            ),
+            db_gauge(
+                "outbox_db_replication_slot_retained_wal_bytes",
+                "By",
+                "WAL kept for the replication slot that keeps the most.",
+                4,
+            ),
+            db_gauge(
+                "outbox_db_prepared_transactions",
+                "{transaction}",
+                "Prepared (two-phase) transactions of the database; each holds the xmin horizon until committed or rolled back.",
+                5,
+            ),
+            db_gauge(
+                "outbox_db_oldest_prepared_transaction_age_seconds",
+                "s",
+                "Age of the oldest prepared transaction of the database; 0 when none.",
+                6,
+            ),
+            table_gauge(
+                "outbox_table_dead_tuples",
+                "{tuple}",
+                "Dead tuples in the outbox table (pg_stat_user_tables, updated asynchronously).",
+                0,
+            ),
+            table_gauge(
+                "outbox_table_live_tuples",
+                "{tuple}",
+                "Live tuples in the outbox table (pg_stat_user_tables estimate).",
+                1,
+            ),
+            table_gauge(
+                "outbox_table_last_autovacuum_age_seconds",
+                "s",
+                "Since the later of the outbox table's last autovacuum and last manual vacuum; absent while it was never vacuumed.",
+                2,
+            ),
+            table_gauge(
+                "outbox_table_last_autoanalyze_age_seconds",
+                "s",
+                "Since the later of the outbox table's last autoanalyze and last manual analyze; absent while it was never analyzed.",
+                3,
+            ),
+            table_gauge(
+                "outbox_table_size_bytes",
+                "By",
+                "The outbox table's size (pg_table_size: heap, TOAST, free space and visibility maps).",
+                4,
+            ),
+            table_gauge(
+                "outbox_table_index_size_bytes",
+                "By",
+                "The outbox table's indexes' size (pg_indexes_size).",
+                5,
+            ),
+        ]);
         Self {
             claimed: counter(
                 "outbox_messages_claimed_total",
@@ -167,6 +292,7 @@ impl ServerMetrics {
                 .with_boundaries(AGE_BUCKETS.to_vec())
                 .build(),
             gauges,
+            database,
             _observers: Arc::new(observers),
         }
     }
@@ -239,6 +365,48 @@ impl ServerMetrics {
     pub fn set_gauges(&self, outbox: &str, stats: Stats) {
         let mut gauges = self.gauges.lock().unwrap_or_else(|p| p.into_inner());
         gauges.insert(outbox.to_owned(), stats);
+    }
+
+    /// Whether an ordered outbox's commit-order guard held events back at
+    /// the last gauge sample.
+    pub fn commit_order_held(&self) -> bool {
+        let gauges = self.gauges.lock().unwrap_or_else(|p| p.into_inner());
+        gauges.values().any(|s| !s.commit_order_holdback.is_zero())
+    }
+
+    /// The latest findings of the database watchdog.
+    pub fn set_database(&self, report: &DatabaseReport) {
+        let secs = |d: std::time::Duration| d.as_secs_f64();
+        let database = [
+            secs(report.horizon_age),
+            secs(report.oldest_transaction_age()),
+            secs(report.longest_idle_in_transaction()),
+            report.slots_holding_xmin() as f64,
+            report.largest_retained_wal_bytes() as f64,
+            report.sample.prepared_count as f64,
+            secs(report.oldest_prepared_age()),
+        ];
+        let tables = report
+            .sample
+            .tables
+            .iter()
+            .map(|t| {
+                let values = [
+                    Some(t.dead_tuples as f64),
+                    Some(t.live_tuples as f64),
+                    t.since_vacuum.map(secs),
+                    t.since_analyze.map(secs),
+                    Some(t.table_bytes as f64),
+                    Some(t.index_bytes as f64),
+                ];
+                (t.outbox.clone(), values)
+            })
+            .collect();
+        let mut gauges = self.database.lock().unwrap_or_else(|p| p.into_inner());
+        *gauges = DatabaseGauges {
+            database: Some(database),
+            tables,
+        };
     }
 
     fn add(&self, counter: &Counter<u64>, outbox: &str, n: usize) {

@@ -50,6 +50,9 @@ pub enum Access {
     Stats,
     /// The OutboxAdmin service: an `admin:` scope.
     Admin,
+    /// An OutboxAdmin call about the database rather than one outbox
+    /// (GetDatabaseReport): an `admin:` scope for any outbox.
+    AnyAdmin,
 }
 
 impl Access {
@@ -57,6 +60,7 @@ impl Access {
         match self {
             Self::Relay => scope.covers(ScopeKind::Relay, outbox),
             Self::Admin => scope.covers(ScopeKind::Admin, outbox),
+            Self::AnyAdmin => scope.kind == ScopeKind::Admin,
             Self::Stats => {
                 scope.covers(ScopeKind::Relay, outbox) || scope.covers(ScopeKind::Admin, outbox)
             }
@@ -67,6 +71,7 @@ impl Access {
         match self {
             Self::Relay => "a relay scope",
             Self::Admin => "an admin scope",
+            Self::AnyAdmin => "an admin scope (for any outbox)",
             Self::Stats => "a relay or admin scope",
         }
     }
@@ -376,6 +381,25 @@ mod tests {
             .check(Access::Admin, "x", &with(None))
             .expect("open");
         assert_eq!(caller.name(), "anonymous");
+    }
+
+    #[test]
+    fn a_database_call_takes_an_admin_scope_for_any_outbox_and_no_relay_scope() {
+        let auth = table(&format!(
+            "{}{}{}",
+            line("ops-orders", "to", "admin:orders"),
+            line("ops", "tops", "admin:*"),
+            line("all", "tall", "relay:*")
+        ));
+        let code = |header: &str| {
+            auth.check(Access::AnyAdmin, "", &with(Some(header)))
+                .map(|c| c.name().to_owned())
+                .map_err(|s| s.code())
+        };
+        assert_eq!(code("Bearer to"), Ok("ops-orders".into()));
+        assert_eq!(code("Bearer tops"), Ok("ops".into()));
+        assert_eq!(code("Bearer tall"), Err(tonic::Code::PermissionDenied));
+        assert_eq!(code("Bearer nope"), Err(tonic::Code::Unauthenticated));
     }
 
     #[test]

@@ -4,9 +4,13 @@ use chrono::{DateTime, Utc};
 
 use super::pb;
 use super::request::page_token;
-use crate::lease::{
-    BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, MessageResult, Outcome, Page, Settled,
-    Stats,
+use crate::{
+    lease::{
+        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, MessageResult, Outcome, Page,
+        Settled, Stats,
+    },
+    store::watchdog::{OpenTransaction, PreparedTransaction, TableHealth},
+    tasks::watchdog::DatabaseReport,
 };
 
 /// What ClaimBatch answers: the outcomes of the acks it carried, and the batch
@@ -136,6 +140,74 @@ impl From<Outcome> for pb::Outcome {
             Outcome::LeaseLost => Self::LeaseLost,
             Outcome::NotFound => Self::NotFound,
             Outcome::DeadLettered => Self::DeadLettered,
+        }
+    }
+}
+
+/// GetDatabaseReport: the watchdog's findings as they are, never a query text.
+impl From<&DatabaseReport> for pb::GetDatabaseReportResponse {
+    fn from(report: &DatabaseReport) -> Self {
+        let sample = &report.sample;
+        Self {
+            read_at: Some(timestamp(sample.read_at)),
+            xmin_horizon_age: Some(duration(report.horizon_age)),
+            transactions: sample.transactions.iter().map(Into::into).collect(),
+            replication_slots: sample
+                .slots
+                .iter()
+                .map(|s| pb::DatabaseReplicationSlot {
+                    name: s.name.clone(),
+                    slot_type: s.slot_type.clone(),
+                    active: s.active,
+                    xmin_age: s.xmin_age,
+                    catalog_xmin_age: s.catalog_xmin_age,
+                    retained_wal_bytes: s.retained_wal_bytes,
+                    held_for: report.slot_held_for.get(&s.name).copied().map(duration),
+                })
+                .collect(),
+            prepared_transactions: sample.prepared.iter().map(Into::into).collect(),
+            prepared_transaction_count: sample.prepared_count,
+            tables: sample.tables.iter().map(Into::into).collect(),
+            commit_order_cause: report.commit_order_cause.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl From<&OpenTransaction> for pb::DatabaseTransaction {
+    fn from(t: &OpenTransaction) -> Self {
+        Self {
+            pid: t.pid,
+            application_name: t.application_name.clone(),
+            state: t.state.clone(),
+            xact_start: Some(timestamp(t.xact_start)),
+            age: Some(duration(t.age)),
+            idle_in_transaction: t.idle_in_transaction.map(duration),
+            writer: t.writer,
+        }
+    }
+}
+
+impl From<&PreparedTransaction> for pb::DatabasePreparedTransaction {
+    fn from(p: &PreparedTransaction) -> Self {
+        Self {
+            gid: p.gid.clone(),
+            owner: p.owner.clone(),
+            prepared: Some(timestamp(p.prepared)),
+            age: Some(duration(p.age)),
+        }
+    }
+}
+
+impl From<&TableHealth> for pb::OutboxTableHealth {
+    fn from(t: &TableHealth) -> Self {
+        Self {
+            outbox: t.outbox.clone(),
+            dead_tuples: t.dead_tuples,
+            live_tuples: t.live_tuples,
+            since_vacuum: t.since_vacuum.map(duration),
+            since_analyze: t.since_analyze.map(duration),
+            table_bytes: t.table_bytes,
+            index_bytes: t.index_bytes,
         }
     }
 }

@@ -29,7 +29,10 @@ use crate::{
     metrics::{self, Metrics, ServerMetrics},
     service::{AdminService, OutboxService, Outboxes},
     store::{self, AdoptMode, PgStore, Store},
-    tasks::{Supervisor, gauges, health, retention},
+    tasks::{
+        Supervisor, gauges, health, retention,
+        watchdog::{self, DatabaseReports},
+    },
     tls::{self, ServerTls},
     watch,
 };
@@ -49,6 +52,8 @@ pub struct Server {
     health_listener: Option<TcpListener>,
     /// TLS on the API port (`--tls-cert`).
     tls: Option<ServerTls>,
+    /// The database watchdog's latest findings.
+    reports: DatabaseReports,
 }
 
 impl Server {
@@ -107,7 +112,15 @@ impl Server {
             metrics_listener,
             health_listener,
             tls,
+            reports: DatabaseReports::default(),
         })
+    }
+
+    /// The database watchdog's latest findings (who holds the xmin horizon,
+    /// each outbox table's upkeep), for whatever shows them beside the
+    /// admin RPC; empty until the first sample once serving.
+    pub fn database_reports(&self) -> DatabaseReports {
+        self.reports.clone()
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -135,6 +148,7 @@ impl Server {
             metrics_listener,
             health_listener,
             tls,
+            reports,
         } = self;
         let addr = listener.local_addr()?;
         let authorizer = authorizer(&config, addr)?;
@@ -169,6 +183,17 @@ impl Server {
                 store.clone(),
                 server_metrics.clone(),
                 config.metrics_interval,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
+            "database watchdog",
+            watchdog::watchdog(
+                store.clone(),
+                server_metrics.clone(),
+                reports.clone(),
+                config.watchdog_interval,
+                config.xmin_warn_after,
                 stop.clone(),
             ),
         );
@@ -207,7 +232,7 @@ impl Server {
         }
 
         let admin = AdminApi::new(
-            AdminService::new(outboxes.clone()),
+            AdminService::new(outboxes.clone(), reports),
             config.limits.clone(),
             server_metrics.clone(),
             authorizer.clone(),

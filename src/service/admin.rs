@@ -8,7 +8,8 @@ use crate::{
         BlockedKey, BlockedKeysRequest, DeadLetter, DeadLettersRequest, DiscardRequest, Page,
         RedriveRequest, RedriveSelector,
     },
-    store::{AdminStore, OutboxStore, PgOutbox},
+    store::{AdminStore, OutboxStore, PgOutbox, StoreError},
+    tasks::watchdog::{DatabaseReport, DatabaseReports},
 };
 
 use super::Outboxes;
@@ -16,11 +17,23 @@ use super::Outboxes;
 #[derive(Debug, Clone)]
 pub struct AdminService<S = PgOutbox> {
     outboxes: Outboxes<S>,
+    reports: DatabaseReports,
 }
 
 impl<S: OutboxStore + AdminStore> AdminService<S> {
-    pub fn new(outboxes: Outboxes<S>) -> Self {
-        Self { outboxes }
+    pub fn new(outboxes: Outboxes<S>, reports: DatabaseReports) -> Self {
+        Self { outboxes, reports }
+    }
+
+    /// The database watchdog's latest findings; UNAVAILABLE before its first
+    /// sample (or while every sample fails from the start).
+    pub fn database_report(&self) -> Result<std::sync::Arc<DatabaseReport>, Error> {
+        self.reports.latest().ok_or_else(|| {
+            StoreError::Unavailable(
+                "the database watchdog has no sample yet: retry after --watchdog-interval".into(),
+            )
+            .into()
+        })
     }
 
     pub async fn dead_letters(&self, req: &DeadLettersRequest) -> Result<Page<DeadLetter>, Error> {

@@ -10,6 +10,7 @@
 
 mod error;
 pub mod postgres;
+pub mod watchdog;
 
 use std::future::Future;
 

@@ -8,6 +8,7 @@
 pub mod gauges;
 pub mod health;
 pub mod retention;
+pub mod watchdog;
 
 use std::{
     collections::BTreeMap,

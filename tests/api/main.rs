@@ -30,3 +30,4 @@ mod store_conformance;
 mod timeouts;
 mod tls;
 mod validation;
+mod watchdog;

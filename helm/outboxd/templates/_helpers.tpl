@@ -182,6 +182,8 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "retentionBatch" "OUTBOXD_RETENTION_BATCH"
   "healthInterval" "OUTBOXD_HEALTH_INTERVAL"
   "metricsInterval" "OUTBOXD_METRICS_INTERVAL"
+  "watchdogInterval" "OUTBOXD_WATCHDOG_INTERVAL"
+  "xminWarnAfter" "OUTBOXD_XMIN_WARN_AFTER"
   "drainTimeout" "OUTBOXD_DRAIN_TIMEOUT"
   "logFormat" "OUTBOXD_LOG_FORMAT"
   "rustLog" "RUST_LOG"

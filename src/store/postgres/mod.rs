@@ -11,6 +11,7 @@ mod rows;
 mod schema;
 mod session;
 mod statements;
+mod watchdog;
 
 use std::time::Duration;
 
