@@ -40,7 +40,7 @@ impl From<Status> for Failure {
         // tonic reports a connection it could not make (refused, timed out,
         // failed TLS handshake) as UNAVAILABLE, as outboxd does when its
         // database is down: either way, retrying later is the answer.
-        if status.code() == Code::Unavailable {
+        if status.code() == Code::Unavailable || is_transport(&status) {
             Self::Unreachable(status)
         } else {
             Self::Refused(status)
@@ -71,6 +71,20 @@ async fn main() -> ExitCode {
             ExitCode::from(3)
         }
     }
+}
+
+/// A call that never reached the service: tonic answers a connection that
+/// broke during set-up (plaintext to a TLS port, say) with UNKNOWN
+/// "transport error", or a status whose source is the transport's error.
+fn is_transport(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        if cause.is::<tonic::transport::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    status.code() == Code::Unknown && status.message() == "transport error"
 }
 
 /// The status and its transport cause (tonic puts the reason, such as

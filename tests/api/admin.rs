@@ -1590,7 +1590,14 @@ async fn reflection_lists_and_describes_the_admin_service_and_health_names_it() 
     let methods: Vec<&str> = admin.method.iter().map(|m| m.name()).collect();
     assert_eq!(
         methods,
-        ["ListDeadLetters", "ListBlockedKeys", "Redrive", "Discard"]
+        [
+            "ListDeadLetters",
+            "ListBlockedKeys",
+            "Redrive",
+            "Discard",
+            "InspectMessage",
+            "ListOutboxes"
+        ]
     );
 
     assert_eq!(

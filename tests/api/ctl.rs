@@ -419,3 +419,78 @@ async fn a_token_file_is_sent_and_without_it_the_call_is_refused_with_1() {
     assert_eq!(missing.code, Some(2), "{missing:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn over_mutual_tls_with_a_token_it_works_and_a_wrong_ca_cannot_connect_3() {
+    use crate::support::pki::{Ca, TempDir};
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let client_ca = Ca::new("operators CA");
+    let other_ca = Ca::new("someone else's CA");
+    let client_ca_file = dir.write("clients.crt", client_ca.cert_pem());
+    let ca_file = dir.write("ca.crt", server_ca.cert_pem());
+    let other_ca_file = dir.write("other.crt", other_ca.cert_pem());
+    let (cert, key) = client_ca.client("ops").write_to(&dir, "client");
+    let (server_cert, server_key) = server_ca.server(1).write_to(&dir, "tls");
+    let token = format!("{}", Uuid::new_v4().simple());
+    let tokens_dir = std::env::temp_dir().join(format!("outboxctl-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&tokens_dir).expect("a temp dir");
+    let (tokens, token_file) = token_files(&tokens_dir, &token);
+    let good = server_ca
+        .client_tls()
+        .identity(client_ca.client("relay").identity());
+    let app = TestApp::spawn_with(|args| {
+        args.set("--tls-cert", server_cert.as_str())
+            .set("--tls-key", server_key.as_str())
+            .set("--tls-client-ca", client_ca_file.as_str())
+            .set("--auth-tokens", tokens.as_str())
+            .client_tls(good);
+    })
+    .await;
+    let s = format!("https://localhost:{}", app.addr.port());
+    let tls = |ca: &str| -> Vec<String> {
+        [
+            "--server",
+            &s,
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ctl(&args).await
+    };
+    let mut ok = tls(&ca_file);
+    ok.extend(
+        [
+            "--token-file",
+            token_file.as_str(),
+            "--output",
+            "json",
+            "stats",
+        ]
+        .map(str::to_owned),
+    );
+    let stats = run(ok).await.json();
+    assert_eq!(stats["outboxes"][0]["outbox"], "default", "{stats}");
+
+    let mut wrong_ca = tls(&other_ca_file);
+    wrong_ca.extend(["--token-file", token_file.as_str(), "stats"].map(str::to_owned));
+    let refused = run(wrong_ca).await;
+    assert_eq!(refused.code, Some(3), "{refused:?}");
+
+    let plain = ctl(&[
+        "--server",
+        &format!("http://127.0.0.1:{}", app.addr.port()),
+        "stats",
+    ])
+    .await;
+    assert_eq!(plain.code, Some(3), "plaintext to the TLS port: {plain:?}");
+    let _ = std::fs::remove_dir_all(&tokens_dir);
+}
