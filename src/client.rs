@@ -49,6 +49,24 @@ pub fn connect_lazy_with(
         .max_decoding_message_size(MAX_RESPONSE_BYTES))
 }
 
+/// The channel under [`connect_lazy_with`], for a client of another service
+/// (`outboxctl` calls OutboxAdmin too) with the same TLS and limits.
+pub fn channel_lazy(server: &str, tls: Option<&ClientTls>) -> Result<Channel, String> {
+    Ok(endpoint(server, tls)?.connect_lazy())
+}
+
+/// The token in a `--token-file`: the file's text with surrounding whitespace
+/// trimmed (a trailing newline from `echo` or an editor is not part of it).
+/// The error never contains the file's text.
+pub fn read_token(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("{}: the file is empty", path.display()));
+    }
+    Ok(token.to_owned())
+}
+
 fn endpoint(server: &str, tls: Option<&ClientTls>) -> Result<Endpoint, String> {
     let endpoint =
         Channel::from_shared(server.to_owned()).map_err(|e| format!("{server:?}: {e}"))?;

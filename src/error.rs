@@ -26,6 +26,10 @@ pub enum Error {
     InvalidArgument(Vec<FieldViolation>),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An event id the outbox does not hold: never written, or deleted since
+    /// (retention, or an ack under zero retention).
+    #[error("message {0} is not in this outbox")]
+    MessageNotFound(String),
     /// A long poll refused because `--max-waiting-claims` others wait already:
     /// each holds a connection and memory, so past the bound it is shed.
     #[error(

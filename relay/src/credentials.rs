@@ -22,12 +22,7 @@ pub const TOKEN_POLL: Duration = Duration::from_secs(5);
 /// (a trailing newline from `echo` or an editor is not part of it). The error
 /// never contains the file's text.
 pub fn read_token(path: &Path) -> Result<String, String> {
-    let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(format!("{}: the file is empty", path.display()));
-    }
-    Ok(token.to_owned())
+    outboxd::client::read_token(path)
 }
 
 /// `--token-file`: the token read at start, shared with every call, and the

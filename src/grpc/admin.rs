@@ -163,4 +163,30 @@ impl Rpc for AdminApi {
         )
         .await
     }
+
+    async fn inspect_message(
+        &self,
+        request: Request<pb::InspectMessageRequest>,
+    ) -> Result<Response<pb::InspectMessageResponse>, Status> {
+        let wire = request.get_ref();
+        self.observed("InspectMessage", &request, &wire.outbox, |_| async {
+            let req = wire.parse(&self.limits).map_err(Error::from)?;
+            let message = self.service.inspect(&req).await?;
+            Ok(Response::new(message.into()))
+        })
+        .await
+    }
+
+    /// Names no outbox, and what it reveals (names, tables) is configuration:
+    /// any admin scope may read it.
+    async fn list_outboxes(
+        &self,
+        request: Request<pb::ListOutboxesRequest>,
+    ) -> Result<Response<pb::ListOutboxesResponse>, Status> {
+        self.observed_as("ListOutboxes", Access::AnyAdmin, &request, "", |_| async {
+            let outboxes = self.service.outboxes().iter().map(Into::into).collect();
+            Ok(Response::new(pb::ListOutboxesResponse { outboxes }))
+        })
+        .await
+    }
 }

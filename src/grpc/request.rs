@@ -15,9 +15,9 @@ use crate::{
     FieldViolation,
     lease::{
         AckRequest, BlockedKeysRequest, ClaimRequest, DEFAULT_PAGE_SIZE, DeadLettersRequest,
-        DiscardRequest, ExtendRequest, LeaseId, Limits, MAX_AGGREGATE_ID_BYTES, MAX_CARRIED_ACKS,
-        MAX_PAGE_SIZE, MessageId, NackRequest, OutboxName, PageRequest, RedriveRequest,
-        RedriveSelector, StatsRequest, WorkerId, clean_error,
+        DiscardRequest, ExtendRequest, InspectRequest, LeaseId, Limits, MAX_AGGREGATE_ID_BYTES,
+        MAX_CARRIED_ACKS, MAX_PAGE_SIZE, MessageId, NackRequest, OutboxName, PageRequest,
+        RedriveRequest, RedriveSelector, StatsRequest, WorkerId, clean_error,
     },
 };
 
@@ -213,6 +213,21 @@ impl Parse for pb::DiscardRequest {
             Some(DiscardRequest {
                 outbox: OutboxName::from_wire(&self.outbox),
                 message_ids,
+            })
+        })
+    }
+}
+
+impl Parse for pb::InspectMessageRequest {
+    type Request = InspectRequest;
+
+    fn parse(&self, _: &Limits) -> Result<InspectRequest, Vec<FieldViolation>> {
+        let mut check = Check::default();
+        let message_id = check.field("message_id", MessageId::parse(&self.message_id));
+        check.finish(|| {
+            Some(InspectRequest {
+                outbox: OutboxName::from_wire(&self.outbox),
+                message_id: message_id?,
             })
         })
     }

@@ -6,9 +6,10 @@ use super::pb;
 use super::request::page_token;
 use crate::{
     lease::{
-        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, MessageResult, Outcome, Page,
-        Settled, Stats,
+        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, InspectedMessage, MessageResult,
+        Outcome, Page, Settled, Stats,
     },
+    outbox::{Ordering, OutboxSpec, Poison},
     store::watchdog::{OpenTransaction, PreparedTransaction, TableHealth},
     tasks::watchdog::DatabaseReport,
 };
@@ -118,6 +119,39 @@ impl From<Page<BlockedKey>> for pb::ListBlockedKeysResponse {
                 })
                 .collect(),
             next_page_token: page.next.map(page_token).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<InspectedMessage> for pb::InspectMessageResponse {
+    fn from(m: InspectedMessage) -> Self {
+        let state = m.state().as_str().to_owned();
+        Self {
+            message: Some(m.message.into()),
+            last_error: m.last_error.unwrap_or_default(),
+            leased_until: m.leased_until.map(timestamp),
+            leased_by: m.leased_by.unwrap_or_default(),
+            published_at: m.published_at.map(timestamp),
+            dead_lettered_at: m.dead_lettered_at.map(timestamp),
+            discarded_at: m.discarded_at.map(timestamp),
+            available_at: Some(timestamp(m.available_at)),
+            state,
+        }
+    }
+}
+
+impl From<&OutboxSpec> for pb::OutboxInfo {
+    fn from(spec: &OutboxSpec) -> Self {
+        let (ordering, poison) = match spec.ordering {
+            Ordering::None => ("none", ""),
+            Ordering::Aggregate(Poison::Block) => ("aggregate", "block"),
+            Ordering::Aggregate(Poison::Park) => ("aggregate", "park"),
+        };
+        Self {
+            name: spec.name.clone(),
+            table: spec.table.to_string(),
+            ordering: ordering.to_owned(),
+            poison: poison.to_owned(),
         }
     }
 }

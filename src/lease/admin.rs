@@ -83,3 +83,65 @@ pub struct BlockedKey {
     /// The head's `seq`: the page position.
     pub sequence: i64,
 }
+
+#[derive(Debug, Clone)]
+pub struct InspectRequest {
+    pub outbox: OutboxName,
+    pub message_id: MessageId,
+}
+
+/// Where an event is in its life, as an operator asks about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    /// Waiting to be claimed (perhaps out a nack's backoff).
+    Pending,
+    /// Under a live lease.
+    Leased,
+    Published,
+    DeadLettered,
+    Discarded,
+}
+
+impl MessageState {
+    /// The name the API and `outboxctl` show: stable, for scripts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Leased => "leased",
+            Self::Published => "published",
+            Self::DeadLettered => "dead_lettered",
+            Self::Discarded => "discarded",
+        }
+    }
+}
+
+/// One event with everything known about its state (`InspectMessage`);
+/// `message.attempt` is the deliveries so far.
+#[derive(Debug, Clone)]
+pub struct InspectedMessage {
+    pub message: ClaimedMessage,
+    pub last_error: Option<String>,
+    pub available_at: DateTime<Utc>,
+    /// The live lease's expiry and holder; `None` when no live lease holds it.
+    pub leased_until: Option<DateTime<Utc>>,
+    pub leased_by: Option<String>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub dead_lettered_at: Option<DateTime<Utc>>,
+    pub discarded_at: Option<DateTime<Utc>>,
+}
+
+impl InspectedMessage {
+    pub fn state(&self) -> MessageState {
+        if self.published_at.is_some() {
+            MessageState::Published
+        } else if self.discarded_at.is_some() {
+            MessageState::Discarded
+        } else if self.dead_lettered_at.is_some() {
+            MessageState::DeadLettered
+        } else if self.leased_until.is_some() {
+            MessageState::Leased
+        } else {
+            MessageState::Pending
+        }
+    }
+}

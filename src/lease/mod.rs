@@ -15,8 +15,8 @@ mod request;
 pub use crate::backoff::BackoffPolicy;
 pub use admin::{
     BlockedKey, BlockedKeysRequest, DEFAULT_PAGE_SIZE, DeadLetter, DeadLettersRequest,
-    DiscardRequest, MAX_AGGREGATE_ID_BYTES, MAX_PAGE_SIZE, Page, PageRequest, RedriveRequest,
-    RedriveSelector,
+    DiscardRequest, InspectRequest, InspectedMessage, MAX_AGGREGATE_ID_BYTES, MAX_PAGE_SIZE,
+    MessageState, Page, PageRequest, RedriveRequest, RedriveSelector,
 };
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};

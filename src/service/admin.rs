@@ -5,9 +5,10 @@
 use crate::{
     Error,
     lease::{
-        BlockedKey, BlockedKeysRequest, DeadLetter, DeadLettersRequest, DiscardRequest, Page,
-        RedriveRequest, RedriveSelector,
+        BlockedKey, BlockedKeysRequest, DeadLetter, DeadLettersRequest, DiscardRequest,
+        InspectRequest, InspectedMessage, Page, RedriveRequest, RedriveSelector,
     },
+    outbox::OutboxSpec,
     store::{AdminStore, OutboxStore, PgOutbox, StoreError},
     tasks::watchdog::{DatabaseReport, DatabaseReports},
 };
@@ -84,5 +85,23 @@ impl<S: OutboxStore + AdminStore> AdminService<S> {
             outbox.waiters.notify(discarded);
         }
         Ok(discarded)
+    }
+
+    /// One event and its state; an id the outbox does not hold is NOT_FOUND.
+    pub async fn inspect(&self, req: &InspectRequest) -> Result<InspectedMessage, Error> {
+        let outbox = self.outboxes.get(req.outbox.as_str())?;
+        outbox
+            .store
+            .inspect(req.message_id)
+            .await?
+            .ok_or(Error::MessageNotFound(req.message_id.to_string()))
+    }
+
+    /// The configured outboxes, in configuration order.
+    pub fn outboxes(&self) -> Vec<OutboxSpec> {
+        self.outboxes
+            .iter()
+            .map(|o| o.store.spec().clone())
+            .collect()
     }
 }

@@ -19,8 +19,9 @@ pub use postgres::{AdoptMode, ConnectError, ConnectSettings, PgOutbox, PgStore, 
 
 use crate::{
     lease::{
-        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest, MessageId,
-        NackRequest, Page, PageRequest, RedriveSelector, Settled, Stats,
+        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest,
+        InspectedMessage, MessageId, NackRequest, Page, PageRequest, RedriveSelector, Settled,
+        Stats,
     },
     outbox::OutboxSpec,
 };
@@ -101,6 +102,13 @@ pub trait AdminStore: Send + Sync + 'static {
 
     /// Gives the named dead letters up for good; returns how many were.
     fn discard(&self, ids: &[MessageId]) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// One event whatever its state; `None` when the outbox holds no such id
+    /// (never written, or deleted by retention or an ack with zero retention).
+    fn inspect(
+        &self,
+        id: MessageId,
+    ) -> impl Future<Output = Result<Option<InspectedMessage>, StoreError>> + Send;
 }
 
 /// How an outbox's new rows are noticed: by probing, from outboxd's side, so

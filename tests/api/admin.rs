@@ -1595,7 +1595,9 @@ async fn reflection_lists_and_describes_the_admin_service_and_health_names_it() 
             "ListBlockedKeys",
             "Redrive",
             "Discard",
-            "GetDatabaseReport"
+            "GetDatabaseReport",
+            "InspectMessage",
+            "ListOutboxes"
         ]
     );
 
@@ -1606,4 +1608,264 @@ async fn reflection_lists_and_describes_the_admin_service_and_health_names_it() 
         ServingStatus::Serving,
         "health answers for the admin service like for the API"
     );
+}
+
+// ---- InspectMessage and ListOutboxes (#35) ----
+
+fn inspect(outbox: &str, id: &str) -> outboxd::grpc::pb::InspectMessageRequest {
+    outboxd::grpc::pb::InspectMessageRequest {
+        outbox: outbox.into(),
+        message_id: id.into(),
+    }
+}
+
+#[tokio::test]
+async fn inspect_follows_an_event_from_pending_through_leased_to_dead_lettered_and_published() {
+    let app = spawn_ordered().await;
+    let mut admin = app.admin().await;
+    let id = produce(&app, DEFAULT_TABLE, "agg-1").await;
+    let state = |r: &outboxd::grpc::pb::InspectMessageResponse| r.state.clone();
+
+    let pending = admin
+        .inspect_message(inspect("", &id))
+        .await
+        .expect("inspect")
+        .into_inner();
+    assert_eq!(state(&pending), "pending");
+    let m = pending.message.clone().expect("the event");
+    assert_eq!(
+        (
+            m.id.as_str(),
+            m.aggregate_id.as_str(),
+            m.event_type.as_str()
+        ),
+        (id.as_str(), "agg-1", "test.event")
+    );
+    assert_eq!(m.attempt, 0, "not delivered yet");
+    assert!(pending.leased_until.is_none() && pending.published_at.is_none());
+    assert!(pending.available_at.is_some() && m.created_at.is_some());
+
+    let claimed = claim_exactly(&app, "default", 1).await;
+    let leased = admin
+        .inspect_message(inspect("default", &id))
+        .await
+        .expect("inspect")
+        .into_inner();
+    assert_eq!(state(&leased), "leased");
+    assert!(leased.leased_until.is_some(), "{leased:?}");
+    assert_eq!(leased.leased_by, "w-admin");
+    assert_eq!(leased.message.expect("event").attempt, 1);
+
+    dead_letter(&app, "default", &claimed, "boom").await;
+    let dead = admin
+        .inspect_message(inspect("default", &id))
+        .await
+        .expect("inspect")
+        .into_inner();
+    assert_eq!(state(&dead), "dead_lettered");
+    assert_eq!(dead.last_error, "boom");
+    assert!(dead.dead_lettered_at.is_some() && dead.leased_until.is_none());
+
+    admin
+        .redrive(redrive_ids("default", &[&id]))
+        .await
+        .expect("redrive");
+    let again = claim_exactly(&app, "default", 1).await;
+    ack_all(&app, "default", &again).await;
+    let published = admin
+        .inspect_message(inspect("default", &id))
+        .await
+        .expect("inspect")
+        .into_inner();
+    assert_eq!(state(&published), "published");
+    assert!(published.published_at.is_some() && published.dead_lettered_at.is_none());
+}
+
+#[tokio::test]
+async fn inspect_shows_a_discarded_event_as_discarded() {
+    let app = spawn_ordered().await;
+    let mut admin = app.admin().await;
+    let id = produce(&app, DEFAULT_TABLE, "agg-1").await;
+    claim_and_dead_letter(&app, "default", 1).await;
+    let discarded = admin
+        .discard(outboxd::grpc::pb::DiscardRequest {
+            outbox: "default".into(),
+            message_ids: vec![id.clone()],
+        })
+        .await
+        .expect("discard")
+        .into_inner();
+    assert_eq!(discarded.discarded, 1);
+    let r = admin
+        .inspect_message(inspect("default", &id))
+        .await
+        .expect("inspect")
+        .into_inner();
+    assert_eq!(r.state, "discarded");
+    assert!(r.discarded_at.is_some());
+}
+
+#[tokio::test]
+async fn inspect_refuses_a_bad_id_and_an_unknown_outbox_or_id() {
+    let app = spawn_ordered().await;
+    let mut admin = app.admin().await;
+    for bad in ["", "not-a-uuid"] {
+        assert_invalid(
+            admin.inspect_message(inspect("default", bad)).await,
+            &["message_id"],
+        );
+    }
+    let id = Uuid::new_v4().to_string();
+    assert_not_found(
+        admin.inspect_message(inspect("nope", &id)).await,
+        "InspectMessage",
+    );
+    let status = admin
+        .inspect_message(inspect("default", &id))
+        .await
+        .expect_err("no such id");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    assert!(status.message().contains(&id), "names the id: {status:?}");
+    // An event of another outbox is not this outbox's.
+    let other = produce(&app, ORDERED_TABLE, "agg-1").await;
+    let status = admin
+        .inspect_message(inspect("default", &other))
+        .await
+        .expect_err("another outbox's");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+}
+
+#[tokio::test]
+async fn list_outboxes_names_each_outbox_with_its_table_and_policy_in_configuration_order() {
+    let app = spawn_ordered().await;
+    let listed = app
+        .admin()
+        .await
+        .list_outboxes(outboxd::grpc::pb::ListOutboxesRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .outboxes;
+    let got: Vec<(&str, &str, &str, &str)> = listed
+        .iter()
+        .map(|o| {
+            (
+                o.name.as_str(),
+                o.table.as_str(),
+                o.ordering.as_str(),
+                o.poison.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("default", DEFAULT_TABLE, "none", ""),
+            (ORDERED, ORDERED_TABLE, "aggregate", "block"),
+            (PARKED, PARKED_TABLE, "aggregate", "park"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn inspect_and_list_outboxes_need_an_admin_token_when_auth_is_on() {
+    let admin_token = format!("{}", Uuid::new_v4().simple());
+    let relay_token = format!("{}", Uuid::new_v4().simple());
+    let orders_token = format!("{}", Uuid::new_v4().simple());
+    let dir = std::env::temp_dir().join(format!("outboxd-admin-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let file = dir.join("tokens");
+    let line = |name: &str, token: &str, scope: &str| {
+        format!(
+            "{name} sha256:{} {scope}\n",
+            hex::encode(outboxd::auth::token_digest(token))
+        )
+    };
+    std::fs::write(
+        &file,
+        line("ops", &admin_token, "admin:*")
+            + line("relay", &relay_token, "relay:*").as_str()
+            + line("orders-ops", &orders_token, "admin:orders").as_str(),
+    )
+    .expect("write the tokens file");
+    let app = TestApp::spawn_with(|args| {
+        args.set("--auth-tokens", file.to_str().expect("UTF-8 path"));
+    })
+    .await;
+    let id = produce(&app, DEFAULT_TABLE, "agg-1").await;
+    let mut admin = app.admin().await;
+    let with = |token: Option<&str>, message| {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = token {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII"),
+            );
+        }
+        request
+    };
+    for token in [None, Some(relay_token.as_str())] {
+        let code = admin
+            .inspect_message(with(token, inspect("default", &id)))
+            .await
+            .expect_err("refused")
+            .code();
+        assert!(
+            matches!(
+                code,
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ),
+            "{code:?}"
+        );
+        let mut request = tonic::Request::new(outboxd::grpc::pb::ListOutboxesRequest {});
+        if let Some(token) = token {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII"),
+            );
+        }
+        let code = admin
+            .list_outboxes(request)
+            .await
+            .expect_err("refused")
+            .code();
+        assert!(
+            matches!(
+                code,
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ),
+            "{code:?}"
+        );
+    }
+    let r = admin
+        .inspect_message(with(Some(&admin_token), inspect("default", &id)))
+        .await
+        .expect("allowed");
+    assert_eq!(r.into_inner().state, "pending");
+    let mut request = tonic::Request::new(outboxd::grpc::pb::ListOutboxesRequest {});
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {admin_token}").parse().expect("ASCII"),
+    );
+    assert_eq!(
+        admin
+            .list_outboxes(request)
+            .await
+            .expect("allowed")
+            .into_inner()
+            .outboxes
+            .len(),
+        1
+    );
+    // Any admin scope lists the outboxes: they are configuration, not one outbox's.
+    let mut request = tonic::Request::new(outboxd::grpc::pb::ListOutboxesRequest {});
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {orders_token}").parse().expect("ASCII"),
+    );
+    assert!(
+        admin.list_outboxes(request).await.is_ok(),
+        "admin:orders lists the outboxes"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

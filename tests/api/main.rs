@@ -12,6 +12,7 @@ mod auth;
 mod availability;
 mod claim;
 mod claim_bytes;
+mod ctl;
 mod edges;
 mod extend;
 mod lease_state;

@@ -509,6 +509,59 @@ mod cases {
         );
     }
 
+    pub async fn inspect_reads_one_event_in_each_state_and_none_for_an_unknown_id<B: Backend>() {
+        use outboxd::lease::MessageState;
+        let f = fixture::<B>(default_policy()).await;
+        let ids = produce(&f.db, 3).await;
+        let state = |m: &Option<outboxd::lease::InspectedMessage>| m.as_ref().map(|m| m.state());
+        let id = MessageId::from;
+        let seen = f.outbox.inspect(id(ids[0])).await.expect("inspect");
+        assert_eq!(state(&seen), Some(MessageState::Pending));
+        let seen = seen.expect("the event");
+        assert_eq!((seen.message.id, seen.message.attempt), (ids[0], 0));
+
+        let batch = f.outbox.claim(&claim(2, secs(60))).await.expect("claim");
+        let leased = f.outbox.inspect(id(ids[0])).await.expect("inspect");
+        assert_eq!(state(&leased), Some(MessageState::Leased));
+        let leased = leased.expect("the event");
+        assert!(leased.leased_until.is_some() && leased.leased_by.is_some());
+        assert_eq!(leased.message.attempt, 1, "one delivery");
+
+        let mut dead = nack(batch.lease_id, &ids[..1], None);
+        dead.dead_letter = true;
+        dead.error = "poison".into();
+        f.outbox.nack(&dead).await.expect("nack");
+        f.outbox
+            .ack(&ack(batch.lease_id, &ids[1..2]))
+            .await
+            .expect("ack");
+        let dead = f.outbox.inspect(id(ids[0])).await.expect("inspect");
+        assert_eq!(state(&dead), Some(MessageState::DeadLettered));
+        assert_eq!(dead.and_then(|d| d.last_error).as_deref(), Some("poison"));
+        let published = f.outbox.inspect(id(ids[1])).await.expect("inspect");
+        assert_eq!(state(&published), Some(MessageState::Published));
+        assert_eq!(
+            f.outbox
+                .discard(&message_ids(&ids[..1]))
+                .await
+                .expect("discard"),
+            1
+        );
+        let discarded = f.outbox.inspect(id(ids[0])).await.expect("inspect");
+        assert_eq!(state(&discarded), Some(MessageState::Discarded));
+        assert_eq!(
+            state(&f.outbox.inspect(id(ids[2])).await.expect("inspect")),
+            Some(MessageState::Pending)
+        );
+        assert!(
+            f.outbox
+                .inspect(id(Uuid::new_v4()))
+                .await
+                .expect("inspect")
+                .is_none()
+        );
+    }
+
     pub async fn retention_purges_only_published_rows_older_than_the_retention<B: Backend>() {
         let f = fixture::<B>(policy(10, secs(2))).await;
         let ids = produce(&f.db, 3).await;
@@ -795,6 +848,7 @@ macro_rules! conformance {
             retention_purges_only_published_rows_older_than_the_retention,
             leases_lost_in_a_crash_fence_their_settles_and_free_their_rows,
             the_probed_sequence_moves_with_every_insert_committed_or_not,
+            inspect_reads_one_event_in_each_state_and_none_for_an_unknown_id,
         );
         conformance!(@ordered $backend:
             an_ordered_outbox_hands_out_each_aggregates_head_alone,

@@ -33,3 +33,25 @@ pub fn relay() -> PathBuf {
     );
     path
 }
+
+/// The outboxctl binary, found like [`relay`]: `OUTBOXCTL_BIN` if set, else
+/// the file next to `outboxd`, which `cargo build --workspace` builds.
+pub fn outboxctl() -> PathBuf {
+    if let Some(path) = std::env::var_os("OUTBOXCTL_BIN") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "OUTBOXCTL_BIN is {} but there is no file there",
+            path.display()
+        );
+        return path;
+    }
+    let path = outboxd().with_file_name(format!("outboxctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.is_file(),
+        "outboxctl is not built: no {} next to outboxd. Run `cargo build --workspace` \
+         (or `scripts/test`) first, or point OUTBOXCTL_BIN at the binary",
+        path.display()
+    );
+    path
+}

@@ -7,14 +7,15 @@ use uuid::Uuid;
 
 use super::{
     guard::{CommitOrderGuard, GRACE, Probe},
-    rows::{blocked_key, claimed_batch, dead_letter, settle_results, stats_of},
+    rows::{blocked_key, claimed_batch, dead_letter, inspected, settle_results, stats_of},
     session::{Session, StatementConn},
     statements::{Statements, leases_table},
 };
 use crate::{
     lease::{
-        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest, LeaseId,
-        MessageId, NackRequest, Page, PageRequest, RedriveSelector, Settle, Settled, Stats,
+        AckRequest, BlockedKey, ClaimRequest, ClaimedBatch, DeadLetter, ExtendRequest,
+        InspectedMessage, LeaseId, MessageId, NackRequest, Page, PageRequest, RedriveSelector,
+        Settle, Settled, Stats,
     },
     outbox::OutboxSpec,
     store::{AdminStore, Arrivals, OutboxStore, StoreError},
@@ -427,6 +428,12 @@ impl AdminStore for PgOutbox {
             .await?;
         conn.finish();
         Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, id: MessageId) -> Result<Option<InspectedMessage>, StoreError> {
+        let query = sqlx::query(AssertSqlSafe(self.sql().inspect.clone())).bind(id.as_uuid());
+        let rows = self.fetch(query).await?;
+        rows.first().map(inspected).transpose()
     }
 }
 

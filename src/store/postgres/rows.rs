@@ -12,8 +12,8 @@ use uuid::Uuid;
 
 use crate::{
     lease::{
-        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, EndedLease, LeaseId, MessageId,
-        MessageResult, RowState, Settle, Settled, Stats,
+        BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, EndedLease, InspectedMessage,
+        LeaseId, MessageId, MessageResult, RowState, Settle, Settled, Stats,
     },
     store::StoreError,
 };
@@ -81,6 +81,21 @@ pub(super) fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
             .try_get::<Option<String>, _>("last_error")?
             .unwrap_or_default(),
         dead_lettered_at: row.try_get("dead_lettered_at")?,
+    })
+}
+
+/// A row of `inspect.sql`.
+pub(super) fn inspected(row: &PgRow) -> Result<InspectedMessage, StoreError> {
+    let id: Uuid = row.try_get("id")?;
+    Ok(InspectedMessage {
+        message: claimed_message(id, row)?,
+        last_error: row.try_get("last_error")?,
+        available_at: row.try_get("available_at")?,
+        leased_until: row.try_get("leased_until")?,
+        leased_by: row.try_get("leased_by")?,
+        published_at: row.try_get("published_at")?,
+        dead_lettered_at: row.try_get("dead_lettered_at")?,
+        discarded_at: row.try_get("discarded_at")?,
     })
 }
 

@@ -20,6 +20,7 @@ const BLOCKED_KEYS: &str = include_str!("queries/blocked_keys.sql");
 const DEAD_LETTERS: &str = include_str!("queries/dead_letters.sql");
 const REDRIVE: &str = include_str!("queries/redrive.sql");
 const DISCARD: &str = include_str!("queries/discard.sql");
+const INSPECT: &str = include_str!("queries/inspect.sql");
 
 /// What keeps an ordered claim to each aggregate's head, in both parts of the
 /// claim (`claim.sql`): no earlier event of the aggregate still unsettled
@@ -63,6 +64,8 @@ pub(crate) struct Statements {
     pub redrive_aggregate: Arc<str>,
     pub redrive_all: Arc<str>,
     pub discard: Arc<str>,
+    /// One event by id with its live lease (`inspect.sql`).
+    pub inspect: Arc<str>,
 }
 
 impl Statements {
@@ -151,6 +154,7 @@ impl Statements {
             redrive_aggregate: redrive("o.aggregate_id::text = $1::text"),
             redrive_all: redrive("true"),
             discard: build(DISCARD),
+            inspect: build(INSPECT),
         }
     }
 }
@@ -171,8 +175,9 @@ pub(crate) const LEASES_SUFFIX: &str = "leases";
 mod tests {
     use super::*;
 
-    fn all(s: &Statements) -> [&Arc<str>; 14] {
+    fn all(s: &Statements) -> [&Arc<str>; 15] {
         [
+            &s.inspect,
             &s.dead_letters,
             &s.redrive_ids,
             &s.redrive_aggregate,
