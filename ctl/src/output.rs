@@ -24,8 +24,15 @@ impl Out {
         }
     }
 
-    pub fn stats(&self, all: &[(String, pb::GetStatsResponse)]) {
+    /// The outboxes' figures, then what the database watchdog found last
+    /// (`None`: not readable by this caller, or not sampled yet).
+    pub fn stats(
+        &self,
+        all: &[(String, pb::GetStatsResponse)],
+        database: Option<&pb::GetDatabaseReportResponse>,
+    ) {
         let json = json!({
+            "database": database.map(database_json),
             "outboxes": all.iter().map(|(name, s)| json!({
                 "outbox": name,
                 "pending": s.pending,
@@ -63,7 +70,7 @@ impl Out {
                         ]
                     })
                     .collect(),
-            )
+            ) + database.map(database_text).unwrap_or_default().as_str()
         });
     }
 
@@ -203,6 +210,123 @@ impl Out {
         json[what] = json!(n);
         self.emit(json, || format!("{what}: {n}\n"));
     }
+}
+
+fn transaction_json(t: &pb::DatabaseTransaction) -> Value {
+    json!({
+        "pid": t.pid,
+        "application_name": t.application_name,
+        "state": t.state,
+        "writer": t.writer,
+        "xact_start": time(t.xact_start),
+        "age_seconds": seconds(t.age),
+        "idle_in_transaction_seconds": t.idle_in_transaction.map(|d| seconds(Some(d))),
+    })
+}
+
+fn database_json(r: &pb::GetDatabaseReportResponse) -> Value {
+    json!({
+        "read_at": time(r.read_at),
+        "xmin_horizon_age_seconds": seconds(r.xmin_horizon_age),
+        "transactions": r.transactions.iter().map(transaction_json).collect::<Vec<_>>(),
+        "replication_slots": r.replication_slots.iter().map(|s| json!({
+            "name": s.name,
+            "slot_type": s.slot_type,
+            "active": s.active,
+            "xmin_age": s.xmin_age,
+            "catalog_xmin_age": s.catalog_xmin_age,
+            "retained_wal_bytes": s.retained_wal_bytes,
+            "held_for_seconds": s.held_for.map(|d| seconds(Some(d))),
+        })).collect::<Vec<_>>(),
+        "prepared_transactions": r.prepared_transaction_count,
+        "tables": r.tables.iter().map(|t| json!({
+            "outbox": t.outbox,
+            "dead_tuples": t.dead_tuples,
+            "live_tuples": t.live_tuples,
+            "since_vacuum_seconds": t.since_vacuum.map(|d| seconds(Some(d))),
+            "since_analyze_seconds": t.since_analyze.map(|d| seconds(Some(d))),
+            "table_bytes": t.table_bytes,
+            "index_bytes": t.index_bytes,
+        })).collect::<Vec<_>>(),
+        "commit_order_cause": r.commit_order_cause.as_ref().map(transaction_json),
+    })
+}
+
+/// The database's part of `stats` for people: who holds the horizon back,
+/// then each outbox table's upkeep.
+fn database_text(r: &pb::GetDatabaseReportResponse) -> String {
+    let holder = |t: &pb::DatabaseTransaction| {
+        format!(
+            "pid {} ({}, {}, open {})",
+            t.pid,
+            or_dash(&t.application_name),
+            t.state,
+            age(t.age)
+        )
+    };
+    let mut text = format!("\nDATABASE (read at {})\n", text_time(r.read_at));
+    text.push_str(&format!(
+        "xmin horizon held back for {}{}\n",
+        age(r.xmin_horizon_age),
+        r.transactions
+            .first()
+            .map(|t| format!(", oldest transaction {}", holder(t)))
+            .unwrap_or_default()
+    ));
+    if let Some(cause) = &r.commit_order_cause {
+        text.push_str(&format!(
+            "ordered events held back for commit order by {}\n",
+            holder(cause)
+        ));
+    }
+    for slot in &r.replication_slots {
+        text.push_str(&format!(
+            "replication slot {} ({}, {}), xmin age {}, retained WAL {} bytes\n",
+            slot.name,
+            slot.slot_type,
+            if slot.active { "active" } else { "inactive" },
+            slot.xmin_age
+                .or(slot.catalog_xmin_age)
+                .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+            slot.retained_wal_bytes.unwrap_or(0),
+        ));
+    }
+    if r.prepared_transaction_count > 0 {
+        text.push_str(&format!(
+            "prepared transactions: {}\n",
+            r.prepared_transaction_count
+        ));
+    }
+    text.push('\n');
+    let tables = table(
+        &[
+            "OUTBOX",
+            "DEAD TUPLES",
+            "LIVE TUPLES",
+            "VACUUMED",
+            "ANALYZED",
+            "TABLE",
+            "INDEXES",
+        ],
+        r.tables
+            .iter()
+            .map(|t| {
+                let ago = |d: Option<prost_types::Duration>| {
+                    d.map_or_else(|| "never".to_owned(), |d| format!("{} ago", age(Some(d))))
+                };
+                vec![
+                    t.outbox.clone(),
+                    t.dead_tuples.to_string(),
+                    t.live_tuples.to_string(),
+                    ago(t.since_vacuum),
+                    ago(t.since_analyze),
+                    format!("{} B", t.table_bytes),
+                    format!("{} B", t.index_bytes),
+                ]
+            })
+            .collect(),
+    );
+    text + tables.as_str()
 }
 
 /// Columns padded to their widest cell; the last one is left ragged.

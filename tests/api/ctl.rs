@@ -274,6 +274,46 @@ async fn every_command_answers_in_json_that_scripts_can_read() {
     assert_eq!(after["outboxes"][0]["dead_lettered"], 0, "{after}");
 }
 
+/// `stats` carries the database watchdog's last findings once its first
+/// sample is in: the horizon, and each outbox table's upkeep.
+#[tokio::test]
+async fn stats_shows_what_the_database_watchdog_found() {
+    let app = TestApp::spawn_with(|args| {
+        args.set("--watchdog-interval", "200ms");
+    })
+    .await;
+    let s = server(&app);
+    produce(&app, "public.outbox", "agg-a").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let database = loop {
+        let stats = ctl(&["--server", &s, "--output", "json", "stats"])
+            .await
+            .json();
+        if !stats["database"].is_null() {
+            break stats["database"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no watchdog sample in `stats` after 30 s: {stats}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(database["read_at"].is_string(), "{database}");
+    assert!(
+        database["xmin_horizon_age_seconds"].is_number(),
+        "{database}"
+    );
+    let tables = database["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), 1, "{database}");
+    assert_eq!(tables[0]["outbox"], "default", "{database}");
+    assert!(tables[0]["table_bytes"].as_i64() > Some(0), "{database}");
+    let text = ctl(&["--server", &s, "stats"]).await;
+    assert!(
+        text.stdout.contains("DATABASE (read at") && text.stdout.contains("DEAD TUPLES"),
+        "{text:?}"
+    );
+}
+
 #[tokio::test]
 async fn tables_are_the_default_output() {
     let app = TestApp::spawn().await;
