@@ -6,8 +6,6 @@
 
 use std::{
     path::PathBuf,
-    process::Stdio,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -18,20 +16,13 @@ use outboxd::{
         outbox_admin_client::OutboxAdminClient, outbox_service_client::OutboxServiceClient,
     },
 };
-use tokio::{
-    io::{AsyncBufReadExt, AsyncRead, BufReader},
-    process::{Child, Command},
-};
 use tonic::{Code, Request, Status, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 use uuid::Uuid;
 
-use crate::{
-    shared::{bins, net::free_port},
-    support::{
-        ServerArgs, TestApp, TestDb, claim_request, ids, run_outboxd, said, secs, strings,
-        wait_until, within,
-    },
+use crate::support::{
+    Outboxd, ServerArgs, TestApp, TestDb, claim_request, ids, run_outboxd, said, secs, strings,
+    wait_until, within,
 };
 
 const A: &str = "a";
@@ -511,111 +502,21 @@ async fn a_rewritten_file_takes_effect_and_a_broken_one_leaves_the_last_in_force
 
 // ---- the real binary: start-up, SIGHUP, the audit line ----
 
-/// The real binary, serving, its output collected as it comes.
-struct Outboxd {
-    child: Child,
-    output: Arc<Mutex<String>>,
-    addr: String,
-}
-
-impl Outboxd {
-    async fn start(db: &TestDb, extra: &[&str]) -> Self {
-        Self::start_on(db, "127.0.0.1", extra).await
-    }
-
-    /// Listening on `host` (the clients reach it on loopback).
-    async fn start_on(db: &TestDb, host: &str, extra: &[&str]) -> Self {
-        let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
-        let listen = format!("{host}:{port}");
-        let url = db.url();
-        let mut command = Command::new(bins::outboxd());
-        for (key, _) in std::env::vars() {
-            if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
-                command.env_remove(key);
-            }
-        }
-        command
-            .args(["--database-url", &url, "--metrics-listen", "127.0.0.1:0"])
-            .args(["--listen", &listen])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("start outboxd");
-        let output = Arc::new(Mutex::new(String::new()));
-        collect(child.stdout.take().expect("stdout"), Arc::clone(&output));
-        collect(child.stderr.take().expect("stderr"), Arc::clone(&output));
-        let server = Self {
-            child,
-            output,
-            addr,
-        };
-        server.wait_said(&["serving"]).await;
-        server
-    }
-
-    fn said(&self) -> String {
-        self.output.lock().expect("output").clone()
-    }
-
-    /// Waits until one line of the output has every one of `parts`.
-    async fn wait_said(&self, parts: &[&str]) {
-        let found =
-            crate::shared::wait::holds_within(secs(30), Duration::from_millis(20), async || {
-                self.said()
-                    .lines()
-                    .any(|l| parts.iter().all(|p| l.contains(p)))
-            })
-            .await;
-        assert!(
-            found,
-            "outboxd said no line with {parts:?}:\n{}",
-            self.said()
-        );
-    }
-
-    async fn admin(&self) -> OutboxAdminClient<Channel> {
-        OutboxAdminClient::connect(format!("http://{}", self.addr))
-            .await
-            .expect("connect to outboxd")
-    }
-
-    /// Redrive of everything in the default outbox, as the holder of `token`.
-    async fn redrive_all(&self, token: &str) -> Result<u64, Status> {
-        let mut admin = self.admin().await;
-        admin
-            .redrive(with(
-                bearer(token).as_deref(),
-                RedriveRequest {
-                    all: true,
-                    ..RedriveRequest::default()
-                },
-            ))
-            .await
-            .map(|r| r.into_inner().redriven)
-    }
-
-    fn signal(&self, name: &str) {
-        let pid = self.child.id().expect("outboxd runs").to_string();
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{name}"), &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} {pid}");
-    }
-}
-
-fn collect(stream: impl AsyncRead + Unpin + Send + 'static, into: Arc<Mutex<String>>) {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut text = into.lock().expect("output");
-            text.push_str(&line);
-            text.push('\n');
-        }
-    });
+/// Redrive of everything in the default outbox of `server`, as the holder of `token`.
+async fn redrive_all(server: &Outboxd, token: &str) -> Result<u64, Status> {
+    let mut admin = OutboxAdminClient::connect(format!("http://{}", server.addr))
+        .await
+        .expect("connect to outboxd");
+    admin
+        .redrive(with(
+            bearer(token).as_deref(),
+            RedriveRequest {
+                all: true,
+                ..RedriveRequest::default()
+            },
+        ))
+        .await
+        .map(|r| r.into_inner().redriven)
 }
 
 #[tokio::test]
@@ -629,7 +530,9 @@ async fn sighup_rereads_the_file_and_redrive_is_logged_with_the_callers_name() {
         .await;
 
     assert_eq!(
-        server.redrive_all(&ops).await.expect("Redrive as ops-team"),
+        redrive_all(&server, &ops)
+            .await
+            .expect("Redrive as ops-team"),
         0
     );
     server
@@ -651,7 +554,7 @@ async fn sighup_rereads_the_file_and_redrive_is_logged_with_the_callers_name() {
     ));
     server.signal("HUP");
     wait_until(secs(10), "the new token works", async || {
-        server.redrive_all(&next).await.is_ok()
+        redrive_all(&server, &next).await.is_ok()
     })
     .await;
     server.wait_said(&["redrive", "caller", "ops-night"]).await;

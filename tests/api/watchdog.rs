@@ -2,22 +2,13 @@
 //! transaction, a replication slot), the outbox table's dead tuples, as
 //! gauges, in GetDatabaseReport and, once per holder, in the log.
 
-use std::{
-    process::Stdio,
-    sync::{Arc, Mutex},
-};
-
 use outboxd::grpc::pb::{GetDatabaseReportRequest, GetDatabaseReportResponse};
 use sqlx::{Connection, PgConnection};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Command,
-};
 use uuid::Uuid;
 
 use crate::{
-    shared::{bins, net::free_port, wait::holds_within},
-    support::{TestApp, TestDb, gauge, millis, secs, wait_until, within},
+    shared::wait::holds_within,
+    support::{Outboxd, TestApp, TestDb, gauge, millis, secs, wait_until, within},
 };
 
 /// The value of an unlabelled series `name` in a scrape.
@@ -123,79 +114,6 @@ async fn an_open_transaction_shows_as_the_horizon_holder_until_it_ends() {
     .await;
     let after = report(&app).await.expect("a report");
     assert!(after.transactions.iter().all(|t| t.pid != pid), "{after:?}");
-}
-
-/// The real binary, its output collected as it comes.
-struct Outboxd {
-    output: Arc<Mutex<String>>,
-    _child: tokio::process::Child,
-}
-
-impl Outboxd {
-    async fn start(db: &TestDb, extra: &[&str]) -> Self {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let url = db.url();
-        let mut command = Command::new(bins::outboxd());
-        for (key, _) in std::env::vars() {
-            if key.starts_with("OUTBOXD_") || key == "DATABASE_URL" {
-                command.env_remove(key);
-            }
-        }
-        command
-            .args(["--database-url", &url, "--metrics-listen", "127.0.0.1:0"])
-            .args(["--listen", &listen])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("start outboxd");
-        let output = Arc::new(Mutex::new(String::new()));
-        for pipe in [
-            Box::new(child.stdout.take().expect("stdout"))
-                as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-            Box::new(child.stderr.take().expect("stderr")),
-        ] {
-            let output = Arc::clone(&output);
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(pipe).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let mut out = output.lock().expect("output");
-                    out.push_str(&line);
-                    out.push('\n');
-                }
-            });
-        }
-        Self {
-            output,
-            _child: child,
-        }
-    }
-
-    fn said(&self) -> String {
-        self.output.lock().expect("output").clone()
-    }
-
-    fn lines_with(&self, parts: &[&str]) -> Vec<String> {
-        self.said()
-            .lines()
-            .filter(|l| parts.iter().all(|p| l.contains(p)))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    async fn wait_said(&self, parts: &[&str]) {
-        let found = holds_within(secs(30), millis(20), async || {
-            !self.lines_with(parts).is_empty()
-        })
-        .await;
-        assert!(
-            found,
-            "outboxd said no line with {parts:?}:\n{}",
-            self.said()
-        );
-    }
 }
 
 #[tokio::test]

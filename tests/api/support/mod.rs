@@ -35,4 +35,4 @@ pub use rpc::{
     ALREADY_DONE, DEAD_LETTERED, LEASE_LOST, NOT_FOUND, OK, assert_invalid, assert_not_found,
     claim_request, dur, ids, outcomes, seconds, strings, time, wire,
 };
-pub use run::{run_outboxd, said};
+pub use run::{Outboxd, run_outboxd, said};
