@@ -153,6 +153,12 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_HEALTH_LISTEN", value_name = "HOST:PORT")]
     pub health_listen: Option<ListenAddr>,
 
+    /// Serve the status page (`GET /`, read-only HTML for people on call)
+    /// here. Over HTTPS with the API's certificate when `--tls-cert` is
+    /// given; with `--auth-tokens` it asks for an admin token. Off unless given.
+    #[arg(long, env = "OUTBOXD_ADMIN_HTTP_LISTEN", value_name = "HOST:PORT")]
+    pub admin_http_listen: Option<ListenAddr>,
+
     /// Long-polling ClaimBatch calls allowed to wait at once, over all
     /// outboxes; one more is refused with RESOURCE_EXHAUSTED at once.
     #[arg(long, env = "OUTBOXD_MAX_WAITING_CLAIMS", default_value_t = 1024)]
@@ -298,6 +304,8 @@ pub struct Config {
     /// TLS on the API port, when `--tls-cert` is given.
     pub tls: Option<TlsSettings>,
     pub health_listen: Option<ListenAddr>,
+    /// The status page, when `--admin-http-listen` is given.
+    pub admin_http_listen: Option<ListenAddr>,
     pub max_waiting_claims: u32,
     pub max_request_bytes: usize,
     pub metrics_listen: ListenAddr,
@@ -441,6 +449,7 @@ impl ServeArgs {
             None => None,
         };
         let listen = self.listen_addr(auth.is_some())?;
+        let admin_http_listen = self.admin_http_listen(auth.is_some())?;
         Ok(Config {
             database,
             listen,
@@ -448,6 +457,7 @@ impl ServeArgs {
             auth,
             tls,
             health_listen: self.health_listen.clone(),
+            admin_http_listen,
             max_waiting_claims: self.max_waiting_claims,
             max_request_bytes: self.max_request_bytes,
             metrics_listen: self.metrics_listen.clone(),
@@ -492,6 +502,19 @@ impl ServeArgs {
             ));
         }
         Ok(listen)
+    }
+
+    /// The status page shows pids and application names of the database's
+    /// sessions: the same rule as the API keeps it off networks when open.
+    fn admin_http_listen(&self, authorised: bool) -> Result<Option<ListenAddr>, String> {
+        match &self.admin_http_listen {
+            Some(listen) if !authorised && !self.allow_unauthenticated && !is_loopback(listen) => {
+                Err(format!(
+                    "--admin-http-listen {listen} is not a loopback address and there is no --auth-tokens: anyone who reaches the port could read the status page; give --auth-tokens, or --allow-unauthenticated to serve openly"
+                ))
+            }
+            listen => Ok(listen.clone()),
+        }
     }
 
     fn tls_settings(&self) -> Result<Option<TlsSettings>, String> {

@@ -50,6 +50,8 @@ pub mod server;
 #[cfg(feature = "server")]
 pub mod service;
 #[cfg(feature = "server")]
+pub mod status;
+#[cfg(feature = "server")]
 pub mod store;
 #[cfg(feature = "server")]
 pub mod tasks;

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status, metadata::MetadataValue};
+use tonic::{Request, Status};
 
 use crate::{lease::OutboxName, metrics::ServerMetrics};
 
@@ -153,17 +153,35 @@ impl Authorizer {
         wire_outbox: &str,
         request: &Request<T>,
     ) -> Result<Caller, Status> {
+        let common_name;
+        let presented = match request.metadata().get("authorization") {
+            Some(header) => Presented::Bearer(bearer(header.as_bytes())),
+            None => {
+                common_name = crate::tls::peer_common_name(request);
+                Presented::Certificate(common_name.as_deref())
+            }
+        };
+        self.decide(access, &OutboxName::from_wire(wire_outbox), presented)
+            .map_err(|refusal| match refusal {
+                Refusal::Unauthenticated(message) => Status::unauthenticated(message),
+                Refusal::PermissionDenied(message) => Status::permission_denied(message),
+            })
+    }
+
+    /// The same decision for a caller that is not a gRPC request (the status
+    /// page): what it presented, and the outbox the access is about.
+    pub fn decide(
+        &self,
+        access: Access,
+        outbox: &OutboxName,
+        presented: Presented<'_>,
+    ) -> Result<Caller, Refusal> {
         let Some(table) = &self.0 else {
             return Ok(Caller::anonymous());
         };
         let tokens = table.tokens.load();
-        let identity = identify(&tokens, request)?;
-        let outbox = OutboxName::from_wire(wire_outbox);
-        if identity
-            .scopes
-            .iter()
-            .any(|scope| access.allowed_by(scope, outbox.as_str()))
-        {
+        let identity = identify(&tokens, presented)?;
+        if identity.may(access, outbox) {
             Ok(Caller(Arc::from(identity.name.as_str())))
         } else {
             // The name is the client's: echo a bounded part of it, so an
@@ -174,12 +192,23 @@ impl Authorizer {
             } else {
                 ""
             };
-            Err(Status::permission_denied(format!(
+            Err(Refusal::PermissionDenied(format!(
                 "{:?} has no scope for this call on outbox {shown:?}{more}: it needs {}",
                 identity.name,
                 access.needs()
             )))
         }
+    }
+
+    /// Whether the identity `presented` proves may make calls needing
+    /// `access` on `outbox`; `true` when open. For filtering what a caller
+    /// already let in sees, not for letting it in.
+    pub fn permits(&self, access: Access, outbox: &OutboxName, presented: Presented<'_>) -> bool {
+        let Some(table) = &self.0 else {
+            return true;
+        };
+        let tokens = table.tokens.load();
+        identify(&tokens, presented).is_ok_and(|identity| identity.may(access, outbox))
     }
 
     /// The task that keeps the file in force current: it re-reads it on
@@ -292,41 +321,73 @@ fn read(file: &std::path::Path) -> (Seen, Result<Tokens, Refused>) {
     }
 }
 
-/// The identity `request` proves: its bearer token if it sends an
-/// `authorization` header, else its client certificate's common name.
-fn identify<'t, T>(tokens: &'t Tokens, request: &Request<T>) -> Result<&'t Identity, Status> {
-    if let Some(header) = request.metadata().get("authorization") {
-        let token = bearer(header)?;
-        return by_token(tokens, token)
-            .ok_or_else(|| Status::unauthenticated("the bearer token matches no identity"));
+/// What a caller presented to prove who it is.
+#[derive(Debug, Clone, Copy)]
+pub enum Presented<'a> {
+    /// A bearer token, or why the `authorization` header that should have
+    /// carried one was refused.
+    Bearer(Result<&'a str, &'static str>),
+    /// No `authorization` header: the verified client certificate's subject
+    /// CN, if the connection has one.
+    Certificate(Option<&'a str>),
+}
+
+/// Why a caller was refused: UNAUTHENTICATED or PERMISSION_DENIED in gRPC,
+/// 401 or 403 in HTTP. The message names no credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Unauthenticated(String),
+    PermissionDenied(String),
+}
+
+impl Refusal {
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Unauthenticated(message) | Self::PermissionDenied(message) => message,
+        }
     }
-    match crate::tls::peer_common_name(request) {
-        Some(name) => tokens
+}
+
+impl Identity {
+    fn may(&self, access: Access, outbox: &OutboxName) -> bool {
+        self.scopes
+            .iter()
+            .any(|scope| access.allowed_by(scope, outbox.as_str()))
+    }
+}
+
+/// The identity `presented` proves: a bearer token if the caller sent an
+/// `authorization` header, else its client certificate's common name.
+fn identify<'t>(tokens: &'t Tokens, presented: Presented<'_>) -> Result<&'t Identity, Refusal> {
+    let refused = |message: &str| Refusal::Unauthenticated(message.to_owned());
+    match presented {
+        Presented::Bearer(Err(malformed)) => Err(refused(malformed)),
+        Presented::Bearer(Ok(token)) => {
+            by_token(tokens, token).ok_or_else(|| refused("the bearer token matches no identity"))
+        }
+        Presented::Certificate(Some(name)) => tokens
             .identities
             .iter()
-            .find(|i| matches!(&i.credential, Credential::CommonName(cn) if *cn == name))
-            .ok_or_else(|| {
-                Status::unauthenticated("the client certificate's name matches no identity")
-            }),
-        None => Err(Status::unauthenticated(
+            .find(|i| matches!(&i.credential, Credential::CommonName(cn) if cn == name))
+            .ok_or_else(|| refused("the client certificate's name matches no identity")),
+        Presented::Certificate(None) => Err(refused(
             "no credential: send `authorization: Bearer <token>` metadata",
         )),
     }
 }
 
-/// `Bearer <token>`, the scheme in any case; anything else is refused
-/// without saying what was sent.
-fn bearer(header: &MetadataValue<tonic::metadata::Ascii>) -> Result<&str, Status> {
-    let malformed =
-        || Status::unauthenticated("malformed authorization metadata: expected `Bearer <token>`");
-    let text = header.to_str().map_err(|_| malformed())?;
-    let (scheme, token) = text.split_once(' ').ok_or_else(malformed)?;
+/// The token of an `authorization` value `Bearer <token>`, the scheme in any
+/// case; anything else is refused without saying what was sent.
+pub fn bearer(header: &[u8]) -> Result<&str, &'static str> {
+    const MALFORMED: &str = "malformed authorization: expected `Bearer <token>`";
+    let text = std::str::from_utf8(header).map_err(|_| MALFORMED)?;
+    let (scheme, token) = text.split_once(' ').ok_or(MALFORMED)?;
     let token = token.trim();
     if !scheme.eq_ignore_ascii_case("bearer")
         || token.is_empty()
         || token.contains(char::is_whitespace)
     {
-        return Err(malformed());
+        return Err(MALFORMED);
     }
     Ok(token)
 }

@@ -28,6 +28,7 @@ use crate::{
     },
     metrics::{self, Metrics, ServerMetrics},
     service::{AdminService, OutboxService, Outboxes},
+    status,
     store::{self, AdoptMode, PgStore, Store},
     tasks::{
         Supervisor, gauges, health, retention,
@@ -50,6 +51,8 @@ pub struct Server {
     metrics_listener: TcpListener,
     /// `--health-listen`: health only, in plaintext, for probes.
     health_listener: Option<TcpListener>,
+    /// `--admin-http-listen`: the status page.
+    status_listener: Option<TcpListener>,
     /// TLS on the API port (`--tls-cert`).
     tls: Option<ServerTls>,
     /// The database watchdog's latest findings.
@@ -87,6 +90,14 @@ impl Server {
             ),
             None => None,
         };
+        let status_listener = match &config.admin_http_listen {
+            Some(addr) => Some(
+                addr.bind("--admin-http-listen (OUTBOXD_ADMIN_HTTP_LISTEN)")
+                    .await
+                    .map_err(StartError::Listen)?,
+            ),
+            None => None,
+        };
         let db = &config.database;
         let pool = store::connect(&db.connect_settings(None), cancel).await?;
         let prepare = async {
@@ -111,6 +122,7 @@ impl Server {
             listener,
             metrics_listener,
             health_listener,
+            status_listener,
             tls,
             reports: DatabaseReports::default(),
         })
@@ -139,6 +151,14 @@ impl Server {
             .transpose()
     }
 
+    /// Where `--admin-http-listen` serves the status page, when given.
+    pub fn status_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        self.status_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+    }
+
     /// Serves until `shutdown`, then stops in the order [`Running::stop`] gives.
     pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Self {
@@ -147,6 +167,7 @@ impl Server {
             listener,
             metrics_listener,
             health_listener,
+            status_listener,
             tls,
             reports,
         } = self;
@@ -231,8 +252,21 @@ impl Server {
             tasks.spawn("auth tokens reload", reload);
         }
 
+        let admin_service = AdminService::new(outboxes.clone(), reports);
+        if let Some(listener) = status_listener {
+            let page = status::StatusPage {
+                admin: admin_service.clone(),
+                authorizer: authorizer.clone(),
+                metrics: server_metrics.clone(),
+            };
+            tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "status page at /");
+            tasks.spawn(
+                "status page",
+                status::serve(listener, tls.clone(), page, stop.clone()),
+            );
+        }
         let admin = AdminApi::new(
-            AdminService::new(outboxes.clone(), reports),
+            admin_service,
             config.limits.clone(),
             server_metrics.clone(),
             authorizer.clone(),

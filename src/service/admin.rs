@@ -6,7 +6,7 @@ use crate::{
     Error,
     lease::{
         BlockedKey, BlockedKeysRequest, DeadLetter, DeadLettersRequest, DiscardRequest,
-        InspectRequest, InspectedMessage, Page, RedriveRequest, RedriveSelector,
+        InspectRequest, InspectedMessage, Page, RedriveRequest, RedriveSelector, Stats,
     },
     outbox::OutboxSpec,
     store::{AdminStore, OutboxStore, PgOutbox, StoreError},
@@ -29,12 +29,23 @@ impl<S: OutboxStore + AdminStore> AdminService<S> {
     /// The database watchdog's latest findings; UNAVAILABLE before its first
     /// sample (or while every sample fails from the start).
     pub fn database_report(&self) -> Result<std::sync::Arc<DatabaseReport>, Error> {
-        self.reports.latest().ok_or_else(|| {
+        self.latest_database_report().ok_or_else(|| {
             StoreError::Unavailable(
                 "the database watchdog has no sample yet: retry after --watchdog-interval".into(),
             )
             .into()
         })
+    }
+
+    /// The latest findings, if any, for pages that show their absence.
+    pub fn latest_database_report(&self) -> Option<std::sync::Arc<DatabaseReport>> {
+        self.reports.latest()
+    }
+
+    /// An outbox's figures, as GetStats reads them (for the status page).
+    pub async fn stats(&self, outbox: &str) -> Result<Stats, Error> {
+        let outbox = self.outboxes.get(outbox)?;
+        Ok(outbox.store.stats().await?)
     }
 
     pub async fn dead_letters(&self, req: &DeadLettersRequest) -> Result<Page<DeadLetter>, Error> {

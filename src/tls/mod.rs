@@ -98,6 +98,14 @@ impl ServerTls {
         tokio_rustls::TlsAcceptor::from(Arc::clone(&self.config))
     }
 
+    /// The same certificate (and its reloads) and client-certificate rule for
+    /// the status page, which speaks HTTP/1.1 rather than gRPC's HTTP/2.
+    pub fn http_acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let mut config = ServerConfig::clone(&self.config);
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+
     /// The one line at start saying the API port speaks TLS, and with what.
     pub fn log_serving(&self) {
         let Summary {
@@ -254,6 +262,11 @@ fn client_verifier(
 pub fn peer_common_name<T>(request: &tonic::Request<T>) -> Option<String> {
     let certs = request.peer_certs()?;
     common_name(certs.first()?)
+}
+
+/// The same for a connection accepted by [`incoming`] (the status page).
+pub fn connection_common_name<IO>(stream: &tokio_rustls::server::TlsStream<IO>) -> Option<String> {
+    common_name(stream.get_ref().1.peer_certificates()?.first()?)
 }
 
 /// The subject CN of a certificate; `None` when there is none, or more than

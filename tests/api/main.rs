@@ -27,6 +27,7 @@ mod retention;
 mod shutdown;
 mod startup;
 mod stats;
+mod status_page;
 mod store_conformance;
 mod timeouts;
 mod tls;

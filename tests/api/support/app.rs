@@ -122,6 +122,8 @@ pub struct TestApp {
     pub metrics_addr: SocketAddr,
     /// Where `--health-listen` answers, when given.
     pub health_addr: Option<SocketAddr>,
+    /// Where `--admin-http-listen` serves the status page, when given.
+    pub status_addr: Option<SocketAddr>,
     /// What clients connect with: `https` when set.
     pub client_tls: Option<ClientTlsConfig>,
     pub client: Client,
@@ -176,6 +178,7 @@ impl TestApp {
         let addr = server.local_addr()?;
         let metrics_addr = server.metrics_addr()?;
         let health_addr = server.health_addr()?;
+        let status_addr = server.status_addr()?;
         let shutdown = CancellationToken::new();
         let serve = tokio::spawn(server.serve(shutdown.clone()));
         let channel = endpoint(addr, args.client_tls.as_ref())?.connect().await?;
@@ -183,6 +186,7 @@ impl TestApp {
             addr,
             metrics_addr,
             health_addr,
+            status_addr,
             client_tls: args.client_tls,
             client: OutboxServiceClient::new(channel.clone()),
             health: HealthClient::new(channel),

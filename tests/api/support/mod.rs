@@ -8,6 +8,7 @@
 //! - [`metrics`]: the server's `/metrics`, scraped;
 //! - [`run`]: the binary run to completion, for its exit code and output;
 //! - [`pki`]: certificates made in the test, for TLS;
+//! - [`http`]: HTTP/1.1 requests to the status page;
 //! - [`logs`]: where the server's logs and spans go;
 //! - [`otlp`]: an in-process OTLP collector for the spans.
 //!
@@ -15,6 +16,7 @@
 //! one copy for both suites.
 
 mod app;
+mod http;
 mod logs;
 mod metrics;
 pub mod otlp;
@@ -29,6 +31,7 @@ pub use crate::shared::{
     wait::{millis, secs, wait_until, within},
 };
 pub use app::{ServerArgs, TestApp, config_for, endpoint};
+pub use http::{Reply, http};
 pub use metrics::gauge;
 pub use rows::insert_plain;
 pub use rpc::{
