@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use crate::{
     shared::wait::holds_within,
-    support::{Outboxd, TestApp, TestDb, gauge, millis, secs, wait_until, within},
+    support::{
+        Outboxd, TestApp, TestDb, cluster::Cluster, gauge, millis, secs, wait_until, within,
+    },
 };
 
 /// The value of an unlabelled series `name` in a scrape.
@@ -21,7 +23,7 @@ fn db_gauge(body: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
 }
 
-async fn report(app: &TestApp) -> Option<GetDatabaseReportResponse> {
+async fn report_of(app: &TestApp) -> Option<GetDatabaseReportResponse> {
     let mut admin = app.admin().await;
     within(
         secs(30),
@@ -90,7 +92,7 @@ async fn an_open_transaction_shows_as_the_horizon_holder_until_it_ends() {
         "{body}"
     );
 
-    let found = report(&app).await.expect("a report");
+    let found = report_of(&app).await.expect("a report");
     assert!(found.read_at.is_some());
     assert!(age_secs(found.xmin_horizon_age.as_ref()) >= held);
     let named = found
@@ -112,7 +114,7 @@ async fn an_open_transaction_shows_as_the_horizon_holder_until_it_ends() {
             .is_some_and(|age| age < 1.0)
     })
     .await;
-    let after = report(&app).await.expect("a report");
+    let after = report_of(&app).await.expect("a report");
     assert!(after.transactions.iter().all(|t| t.pid != pid), "{after:?}");
 }
 
@@ -238,7 +240,7 @@ async fn a_replication_slot_is_reported_by_name_with_the_wal_it_keeps() {
         .await;
     let mut last = None;
     let found = holds_within(secs(20), millis(100), async || {
-        last = report(&app).await;
+        last = report_of(&app).await;
         last.as_ref().is_some_and(|r| {
             r.replication_slots
                 .iter()
@@ -308,7 +310,7 @@ async fn dead_tuples_show_after_deletes_without_vacuum() {
         None,
         "never vacuumed: absent"
     );
-    let found = report(&app).await.expect("a report");
+    let found = report_of(&app).await.expect("a report");
     let table = found
         .tables
         .iter()
@@ -337,7 +339,7 @@ async fn the_report_names_the_writer_an_ordered_outbox_waits_for() {
         .await;
     let mut last = None;
     let named = holds_within(secs(20), millis(100), async || {
-        last = report(&app).await;
+        last = report_of(&app).await;
         last.as_ref()
             .and_then(|r| r.commit_order_cause.as_ref())
             .is_some_and(|c| c.pid == pid)
@@ -356,10 +358,102 @@ async fn the_report_names_the_writer_an_ordered_outbox_waits_for() {
         .await
         .expect("the writer ends");
     let cleared = holds_within(secs(20), millis(100), async || {
-        report(&app)
+        report_of(&app)
             .await
             .is_some_and(|r| r.commit_order_cause.is_none())
     })
     .await;
     assert!(cleared, "no cause once the writer ended");
+}
+
+/// On a server of the test's own with `max_prepared_transactions` (0 on the
+/// shared one, and changing it needs a restart) and `wal_level=logical`: a
+/// forgotten prepared transaction and a logical slot, each named as a
+/// holder of the horizon, in the report and the gauges.
+#[tokio::test]
+async fn a_forgotten_prepared_transaction_and_a_logical_slot_are_reported() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(&[
+            "max_prepared_transactions=5",
+            "wal_level=logical",
+            "max_replication_slots=5",
+        ])
+    })
+    .await
+    .expect("start a server of the test's own");
+    let db = TestDb::create_on(cluster.admin_url()).await;
+    let app = TestApp::spawn_on(db.clone(), |args| {
+        args.set("--watchdog-interval", "200ms");
+    })
+    .await
+    .expect("outboxd on the test's server");
+
+    // The slot first: creating a logical slot waits for every transaction
+    // holding an id to end, the prepared one included.
+    let slot = format!("outboxd_test_{}", Uuid::new_v4().simple());
+    within(
+        secs(30),
+        "creating a logical slot",
+        sqlx::query("SELECT pg_create_logical_replication_slot($1, 'test_decoding')")
+            .bind(&slot)
+            .execute(app.pool()),
+    )
+    .await
+    .expect("create a logical slot");
+    let gid = format!("outboxd-test-{}", Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT txid_current(); PREPARE TRANSACTION '{gid}'"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("prepare a transaction and forget it");
+
+    let mut last = None;
+    let found = holds_within(secs(20), millis(100), async || {
+        last = report_of(&app).await;
+        last.as_ref().is_some_and(|r| {
+            r.prepared_transactions.iter().any(|p| p.gid == gid)
+                && r.replication_slots.iter().any(|s| s.name == slot)
+        })
+    })
+    .await;
+    assert!(found, "the prepared transaction and the slot in {last:?}");
+    let report = last.expect("a report");
+    assert_eq!(report.prepared_transaction_count, 1);
+    let prepared = &report.prepared_transactions[0];
+    assert_eq!(prepared.owner, "postgres");
+    assert!(prepared.prepared.is_some() && prepared.age.is_some());
+    let logical = report
+        .replication_slots
+        .iter()
+        .find(|s| s.name == slot)
+        .expect("the slot");
+    assert_eq!(logical.slot_type, "logical");
+    assert!(logical.catalog_xmin_age.is_some(), "{logical:?}");
+    wait_until(secs(20), "the prepared transaction's gauges", async || {
+        let body = app.scrape().await;
+        db_gauge(&body, "outbox_db_prepared_transactions") == Some(1.0)
+            && db_gauge(&body, "outbox_db_oldest_prepared_transaction_age_seconds")
+                .is_some_and(|age| age > 0.0)
+            && db_gauge(&body, "outbox_db_replication_slots_holding_xmin").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+
+    // Settled, both go from the report (and the database can be dropped).
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ROLLBACK PREPARED '{gid}'")))
+        .execute(&mut conn)
+        .await
+        .expect("roll the prepared transaction back");
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(app.pool())
+        .await
+        .expect("drop the slot");
+    wait_until(secs(20), "both leave the report", async || {
+        report_of(&app).await.is_some_and(|r| {
+            r.prepared_transaction_count == 0 && r.replication_slots.iter().all(|s| s.name != slot)
+        })
+    })
+    .await;
 }

@@ -28,7 +28,12 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn create() -> Arc<Self> {
-        let admin = admin_url();
+        Self::create_on(admin_url()).await
+    }
+
+    /// A database on the server `admin` (a maintenance database's URL)
+    /// reaches: for a test that needs a server configured its own way.
+    pub async fn create_on(admin: Url) -> Arc<Self> {
         let name = format!("outboxd_test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(admin.as_str())
             .await

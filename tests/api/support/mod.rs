@@ -7,6 +7,7 @@
 //! - [`rows`]: the producer's side and the table's state, read directly;
 //! - [`metrics`]: the server's `/metrics`, scraped;
 //! - [`run`]: the binary run to completion, for its exit code and output;
+//! - [`cluster`]: a PostgreSQL server of a test's own, for settings the shared one lacks;
 //! - [`pki`]: certificates made in the test, for TLS;
 //! - [`http`]: HTTP/1.1 requests to the status page;
 //! - [`logs`]: where the server's logs and spans go;
@@ -16,6 +17,7 @@
 //! one copy for both suites.
 
 mod app;
+pub mod cluster;
 mod http;
 mod logs;
 mod metrics;
