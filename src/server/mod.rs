@@ -11,6 +11,7 @@ pub use start::{
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
+use outbox_runtime::cli::ListenAddr;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::{server::NamedService, transport::server::TcpIncoming};
@@ -82,22 +83,16 @@ impl Server {
             .bind("--metrics-listen (OUTBOXD_METRICS_LISTEN)")
             .await
             .map_err(StartError::Listen)?;
-        let health_listener = match &config.health_listen {
-            Some(addr) => Some(
-                addr.bind("--health-listen (OUTBOXD_HEALTH_LISTEN)")
-                    .await
-                    .map_err(StartError::Listen)?,
-            ),
-            None => None,
-        };
-        let status_listener = match &config.admin_http_listen {
-            Some(addr) => Some(
-                addr.bind("--admin-http-listen (OUTBOXD_ADMIN_HTTP_LISTEN)")
-                    .await
-                    .map_err(StartError::Listen)?,
-            ),
-            None => None,
-        };
+        let health_listener = bind_optional(
+            &config.health_listen,
+            "--health-listen (OUTBOXD_HEALTH_LISTEN)",
+        )
+        .await?;
+        let status_listener = bind_optional(
+            &config.admin_http_listen,
+            "--admin-http-listen (OUTBOXD_ADMIN_HTTP_LISTEN)",
+        )
+        .await?;
         let db = &config.database;
         let pool = store::connect(&db.connect_settings(None), cancel).await?;
         let prepare = async {
@@ -310,6 +305,17 @@ impl Server {
             anyhow::bail!("gRPC server stopped unexpectedly");
         }
         running.stop().await
+    }
+}
+
+/// Binds a listener that is off unless its flag is given.
+async fn bind_optional(
+    addr: &Option<ListenAddr>,
+    flag: &str,
+) -> Result<Option<TcpListener>, StartError> {
+    match addr {
+        Some(addr) => Ok(Some(addr.bind(flag).await.map_err(StartError::Listen)?)),
+        None => Ok(None),
     }
 }
 
