@@ -62,7 +62,11 @@ FROM scratch AS from-host
 ARG BIN_DIR=target/release
 COPY ${BIN_DIR}/outboxd ${BIN_DIR}/outbox-relay ${BIN_DIR}/outboxctl /out/
 
-FROM ${BINARIES} AS binaries
+# `:-from-build` repeats the default on purpose: buildah (1.28, so podman build)
+# decides which stages to skip from the --build-arg values alone, ignoring the
+# ARG's default, and would take a bare ${BINARIES} for an image named
+# "from-build". Docker reads both forms alike.
+FROM ${BINARIES:-from-build} AS binaries
 
 # ---- runtime: glibc, libgcc, CA certificates and tzdata; no shell, no package manager ----
 FROM ${RUNTIME_BASE} AS runtime
