@@ -34,8 +34,9 @@ enum Failure {
     Refused(Status),
     /// Bad flags or files, or no confirmation: exit 2.
     Usage(String),
-    /// The health service answered, but not SERVING for every service: exit 1.
-    NotServing,
+    /// The health service answered, but not SERVING for every service
+    /// (these): exit 1.
+    NotServing(String),
     /// Nothing answered (refused connection, TLS handshake, unavailable): exit 3.
     Unreachable(Status),
 }
@@ -67,7 +68,10 @@ async fn main() -> ExitCode {
             );
             ExitCode::from(1)
         }
-        Err(Failure::NotServing) => ExitCode::from(1),
+        Err(Failure::NotServing(which)) => {
+            eprintln!("outboxctl: not SERVING: {which}");
+            ExitCode::from(1)
+        }
         Err(Failure::Usage(why)) => {
             eprintln!("outboxctl: {why}");
             ExitCode::from(2)
@@ -289,13 +293,15 @@ async fn health(
         answers.push((service.as_str(), status.as_str_name()));
     }
     out.health(&answers);
-    if answers
+    let failing: Vec<String> = answers
         .iter()
-        .all(|(_, status)| *status == ServingStatus::Serving.as_str_name())
-    {
+        .filter(|(_, status)| *status != ServingStatus::Serving.as_str_name())
+        .map(|(service, status)| format!("{service:?} is {status}"))
+        .collect();
+    if failing.is_empty() {
         Ok(())
     } else {
-        Err(Failure::NotServing)
+        Err(Failure::NotServing(failing.join(", ")))
     }
 }
 
