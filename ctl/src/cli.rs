@@ -9,8 +9,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(
     name = "outboxctl",
     version,
-    about = "Operate outboxd: stats, dead letters, blocked aggregates, redrive and discard",
-    after_help = "Exit codes: 0 ok, 1 the server refused the call, 2 usage, 3 cannot connect."
+    about = "Operate outboxd: health, stats, dead letters, blocked aggregates, redrive and discard",
+    after_help = "Exit codes: 0 ok, 1 the server refused the call (health: a service is not SERVING), 2 usage, 3 cannot connect."
 )]
 pub struct Cli {
     /// outboxd's gRPC address; https:// needs --tls-ca.
@@ -55,6 +55,21 @@ pub enum Output {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Asks grpc.health.v1 about each service: exits 0 when every one is
+    /// SERVING, 1 when one is not. Health needs no token, so this also serves
+    /// as a probe from a shell-less image (the chart's `helm test` pod).
+    Health {
+        /// A health-service name to check (repeat, or comma-separate, for
+        /// more); "" is the server as a whole, outbox.v1.OutboxService follows
+        /// the database.
+        #[arg(
+            long = "service",
+            env = "OUTBOXCTL_SERVICE",
+            value_delimiter = ',',
+            default_values = ["", "outbox.v1.OutboxService"]
+        )]
+        services: Vec<String>,
+    },
     /// GetStats of one outbox, or of every configured outbox.
     Stats {
         /// Only this outbox; every configured one when left out.
@@ -182,6 +197,21 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn health_checks_the_server_and_the_api_unless_told_otherwise() {
+        let services =
+            |args: &[&str]| match Cli::try_parse_from([&["outboxctl", "health"], args].concat()) {
+                Ok(Cli {
+                    command: Command::Health { services },
+                    ..
+                }) => services,
+                other => panic!("not a health command: {other:?}"),
+            };
+        assert_eq!(services(&[]), ["", "outbox.v1.OutboxService"]);
+        assert_eq!(services(&["--service", ""]), [""]);
+        assert_eq!(services(&["--service", "a,b"]), ["a", "b"]);
     }
 
     #[test]

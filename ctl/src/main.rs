@@ -1,6 +1,6 @@
 //! `outboxctl`: outboxd's operators' calls from a shell. Exit codes are a
-//! contract for scripts: 0 ok, 1 the server refused the call, 2 usage, 3 the
-//! server cannot be reached.
+//! contract for scripts: 0 ok, 1 the server refused the call (or, for
+//! `health`, a service is not SERVING), 2 usage, 3 the server cannot be reached.
 
 mod cli;
 mod output;
@@ -18,6 +18,9 @@ use outboxd::{
     },
 };
 use tonic::{Code, Status, service::interceptor::InterceptedService, transport::Channel};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 use cli::{BlockedKeys, Cli, Command, DeadLetters};
 use output::Out;
@@ -31,6 +34,9 @@ enum Failure {
     Refused(Status),
     /// Bad flags or files, or no confirmation: exit 2.
     Usage(String),
+    /// The health service answered, but not SERVING for every service
+    /// (these): exit 1.
+    NotServing(String),
     /// Nothing answered (refused connection, TLS handshake, unavailable): exit 3.
     Unreachable(Status),
 }
@@ -60,6 +66,10 @@ async fn main() -> ExitCode {
                 status.code(),
                 status.message()
             );
+            ExitCode::from(1)
+        }
+        Err(Failure::NotServing(which)) => {
+            eprintln!("outboxctl: not SERVING: {which}");
             ExitCode::from(1)
         }
         Err(Failure::Usage(why)) => {
@@ -101,9 +111,19 @@ fn describe(status: &Status) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let (admin, service) = connect(&cli)?;
     let out = Out::new(cli.output);
+    if let Command::Health { services } = &cli.command {
+        let (channel, credentials) = channel(&cli)?;
+        return health(
+            HealthClient::with_interceptor(channel, credentials),
+            services,
+            &out,
+        )
+        .await;
+    }
+    let (admin, service) = connect(&cli)?;
     match cli.command {
+        Command::Health { .. } => unreachable!("answered above"),
         Command::Stats { outbox } => stats(admin, service, outbox, &out).await,
         Command::DeadLetters(DeadLetters::List {
             outbox,
@@ -252,6 +272,39 @@ async fn stats(
     Ok(())
 }
 
+/// How long one health check may take: a probe that hangs is a failed probe.
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `health`: every service asked, each answer printed, then SERVING or not.
+/// An unknown service name is a refusal (NOT_FOUND, exit 1), as is any
+/// status other than SERVING.
+async fn health(
+    mut client: HealthClient<InterceptedService<Channel, Credentials>>,
+    services: &[String],
+    out: &Out,
+) -> Result<(), Failure> {
+    let mut answers = Vec::with_capacity(services.len());
+    for service in services {
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: service.clone(),
+        });
+        request.set_timeout(HEALTH_TIMEOUT);
+        let status = client.check(request).await?.into_inner().status();
+        answers.push((service.as_str(), status.as_str_name()));
+    }
+    out.health(&answers);
+    let failing: Vec<String> = answers
+        .iter()
+        .filter(|(_, status)| *status != ServingStatus::Serving.as_str_name())
+        .map(|(service, status)| format!("{service:?} is {status}"))
+        .collect();
+    if failing.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::NotServing(failing.join(", ")))
+    }
+}
+
 /// A destructive call goes ahead with `--yes`, or when a person at a terminal
 /// says so; a script without `--yes` is a usage error, never a silent yes.
 fn confirmed(yes: bool, question: &str) -> Result<(), Failure> {
@@ -280,6 +333,17 @@ fn confirmed(yes: bool, question: &str) -> Result<(), Failure> {
 
 /// One channel for both services, with the relay's TLS and token rules.
 fn connect(cli: &Cli) -> Result<(Admin, Service), Failure> {
+    let (channel, credentials) = channel(cli)?;
+    let admin = OutboxAdminClient::with_interceptor(channel.clone(), credentials.clone())
+        .max_decoding_message_size(client::MAX_RESPONSE_BYTES);
+    let service = OutboxServiceClient::with_interceptor(channel, credentials)
+        .max_decoding_message_size(client::MAX_RESPONSE_BYTES);
+    Ok((admin, service))
+}
+
+/// The channel to `--server` (lazy: nothing is dialled before the first
+/// call) and the token every call carries.
+fn channel(cli: &Cli) -> Result<(Channel, Credentials), Failure> {
     let tls = match &cli.tls_ca {
         Some(ca) => {
             let tls = ClientTls::new(read(ca, "--tls-ca")?);
@@ -307,11 +371,7 @@ fn connect(cli: &Cli) -> Result<(Admin, Service), Failure> {
     };
     let channel = client::channel_lazy(&cli.server, tls.as_ref())
         .map_err(|e| Failure::Usage(format!("--server {e}")))?;
-    let admin = OutboxAdminClient::with_interceptor(channel.clone(), credentials.clone())
-        .max_decoding_message_size(client::MAX_RESPONSE_BYTES);
-    let service = OutboxServiceClient::with_interceptor(channel, credentials)
-        .max_decoding_message_size(client::MAX_RESPONSE_BYTES);
-    Ok((admin, service))
+    Ok((channel, credentials))
 }
 
 fn read(path: &std::path::Path, flag: &str) -> Result<Vec<u8>, Failure> {

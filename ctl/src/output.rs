@@ -204,6 +204,32 @@ impl Out {
         });
     }
 
+    /// Each health service's status; "" (the server as a whole) shows as `(server)`.
+    pub fn health(&self, answers: &[(&str, &str)]) {
+        let serving = answers.iter().all(|(_, status)| *status == "SERVING");
+        let json = json!({
+            "serving": serving,
+            "services": answers
+                .iter()
+                .map(|(service, status)| json!({ "service": service, "status": status }))
+                .collect::<Vec<_>>(),
+        });
+        self.emit(json, || {
+            let rows = answers
+                .iter()
+                .map(|(service, status)| {
+                    let name = if service.is_empty() {
+                        "(server)"
+                    } else {
+                        service
+                    };
+                    vec![name.to_owned(), (*status).to_owned()]
+                })
+                .collect();
+            table(&["SERVICE", "STATUS"], rows)
+        });
+    }
+
     /// What a redrive or discard changed.
     pub fn count(&self, outbox: &str, what: &str, n: u64) {
         let mut json = json!({ "outbox": outbox });

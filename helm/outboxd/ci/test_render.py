@@ -324,17 +324,22 @@ def test_optional_resources_follow_their_switches(variant):
     assert otel == v["otel"]["enabled"]
 
 
-def test_helm_test_pod_checks_grpc_health(variant):
+def test_helm_test_pod_checks_grpc_health_from_the_outboxd_image(variant):
     pods = [h for h in variant.hooks if h["kind"] == "Pod"]
     assert len(pods) == 1
     pod = pods[0]
     assert pod["metadata"]["annotations"][HOOK] == "test"
-    script = pod["spec"]["containers"][0]["command"][-1]
-    assert "grpc.health.v1.Health/Check" in script and READY_SERVICE in script
+    container = pod["spec"]["containers"][0]
+    # The image the chart deploys (and CI builds and runs): no other image to pull.
+    assert container["image"] == _pod_spec(variant.server())["containers"][0]["image"]
+    command = container["command"]
+    assert command[:2] == ["/usr/local/bin/outboxctl", "health"]
+    services = [command[i + 1] for i, arg in enumerate(command) if arg == "--service"]
+    assert services == ["", READY_SERVICE]
     service = variant.values["service"]
     port = service["healthPort"] if variant.values["tls"]["enabled"] else service["port"]
-    assert f"{variant.server()['metadata']['name']}:{port}" in script
-    assert "-plaintext" in script, "health is plaintext and open, TLS or not"
+    # Health is plaintext and open, TLS or not.
+    assert command[command.index("--server") + 1] == f"http://{variant.server()['metadata']['name']}:{port}"
 
 
 def test_notes_explain_how_to_reach_and_check(variant):
@@ -651,9 +656,9 @@ def test_tls_from_a_secret(render):
     assert volumes["ca"]["secret"]["secretName"] == "outboxd-tls"
     assert volumes["ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     assert volumes["token"]["secret"]["secretName"] == "relay-token"
-    # No reflection check in `helm test`: the API port speaks TLS.
-    script = next(h for h in r.hooks if h["kind"] == "Pod")["spec"]["containers"][0]["command"][-1]
-    assert "outboxd:50052" in script and " list " not in script
+    # `helm test` asks the plaintext health-only port: the API port speaks TLS.
+    command = next(h for h in r.hooks if h["kind"] == "Pod")["spec"]["containers"][0]["command"]
+    assert "http://outboxd:50052" in command
 
 
 def test_tls_from_cert_manager_with_client_certificates(render):
