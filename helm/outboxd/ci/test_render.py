@@ -311,6 +311,34 @@ def test_services(variant):
         assert s["spec"]["ports"][0]["appProtocol"] == "grpc"
 
 
+def test_status_page_follows_its_switch(variant):
+    """On: OUTBOXD_ADMIN_HTTP_LISTEN on the status port, the container and Service
+    ports (https with TLS), and the NetworkPolicy admits it; off: none of them."""
+    on = variant.values["statusPage"]["enabled"]
+    port = variant.values["containerPorts"]["status"]
+    data = variant.configmap()["data"]
+    assert (data.get("OUTBOXD_ADMIN_HTTP_LISTEN") == f"0.0.0.0:{port}") == on
+    assert ("OUTBOXD_ADMIN_HTTP_LISTEN" in data) == on
+    container = variant.server()["spec"]["template"]["spec"]["containers"][0]
+    assert ({"name": "status", "containerPort": port, "protocol": "TCP"} in container["ports"]) == on
+    main = next(s for s in variant.of("Service") if s["metadata"]["name"] == variant.server()["metadata"]["name"])
+    status = [p for p in main["spec"]["ports"] if p["name"] == "status"]
+    assert bool(status) == on
+    for p in status:
+        assert p["appProtocol"] == ("https" if variant.values["tls"]["enabled"] else "http")
+    for policy in variant.of("NetworkPolicy"):
+        if policy["spec"]["podSelector"] != {"matchLabels": {}} and "server" in json.dumps(policy["spec"]["podSelector"]):
+            ports = [p["port"] for rule in policy["spec"].get("ingress", []) for p in rule.get("ports", [])]
+            assert ("status" in ports) == on
+
+
+def test_status_page_off(render):
+    off = render({"statusPage": {"enabled": False}})
+    assert "OUTBOXD_ADMIN_HTTP_LISTEN" not in off.configmap()["data"]
+    container = off.server()["spec"]["template"]["spec"]["containers"][0]
+    assert all(p["name"] != "status" for p in container["ports"])
+
+
 def test_optional_resources_follow_their_switches(variant):
     v = variant.values
     assert bool(variant.of("HorizontalPodAutoscaler")) == v["autoscaling"]["enabled"]
@@ -430,7 +458,11 @@ def test_chart_defaults_are_the_binarys(render):
     the log format differs on purpose), written as outboxd parses it: a byte count
     as digits, never as a float such as 3.145728e+06."""
     data = render("default").configmap()["data"]
-    differ_on_purpose = {"OUTBOXD_LOG_FORMAT", "OUTBOXD_LISTEN", "OUTBOXD_METRICS_LISTEN", "OUTBOXD_NO_MIGRATE"}
+    # The chart turns the status page on (statusPage.enabled); outboxd leaves it off.
+    differ_on_purpose = {
+        "OUTBOXD_LOG_FORMAT", "OUTBOXD_LISTEN", "OUTBOXD_METRICS_LISTEN", "OUTBOXD_NO_MIGRATE",
+        "OUTBOXD_ADMIN_HTTP_LISTEN",
+    }
     # Defaults outboxd applies after parsing rather than through clap.
     applied_later = {"OUTBOXD_OUTBOXES": "default=public.outbox"}
     checked = 0

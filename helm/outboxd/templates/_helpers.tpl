@@ -228,6 +228,9 @@ ordering=aggregate (exit 64), so say so at install instead. */}}
 {{- end }}
 {{- $_ := set $env "OUTBOXD_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc)) }}
 {{- $_ := set $env "OUTBOXD_METRICS_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.metrics)) }}
+{{- if .Values.statusPage.enabled }}
+{{- $_ := set $env "OUTBOXD_ADMIN_HTTP_LISTEN" (printf "0.0.0.0:%d" (int .Values.containerPorts.status)) }}
+{{- end }}
 {{- if eq (include "outboxd.migrationMode" .) "onStart" | not }}
 {{- $_ := set $env "OUTBOXD_NO_MIGRATE" "true" }}
 {{- end }}
