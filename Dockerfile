@@ -82,6 +82,7 @@ LABEL org.opencontainers.image.title="outboxd" \
 COPY --from=binaries --chmod=0755 /out/outboxd /out/outbox-relay /out/outboxctl /usr/local/bin/
 # distroless's "nonroot" user; the chart's securityContext runs as the same ids.
 USER 65532:65532
-# gRPC (OUTBOXD_LISTEN) and metrics (OUTBOXD_METRICS_LISTEN).
-EXPOSE 50051 9090
+# gRPC (OUTBOXD_LISTEN), metrics (OUTBOXD_METRICS_LISTEN) and the status page
+# (OUTBOXD_ADMIN_HTTP_LISTEN, the chart's default port; off unless set).
+EXPOSE 50051 9090 8080
 ENTRYPOINT ["/usr/local/bin/outboxd"]
