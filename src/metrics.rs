@@ -367,6 +367,16 @@ impl ServerMetrics {
         gauges.insert(outbox.to_owned(), stats);
     }
 
+    /// How long `outbox`'s commit-order guard was holding events back at the
+    /// last gauge sample (GetStats does not probe the guard); zero before one.
+    pub fn sampled_holdback(&self, outbox: &str) -> std::time::Duration {
+        let gauges = self.gauges.lock().unwrap_or_else(|p| p.into_inner());
+        gauges
+            .get(outbox)
+            .map(|s| s.commit_order_holdback)
+            .unwrap_or_default()
+    }
+
     /// Whether an ordered outbox's commit-order guard held events back at
     /// the last gauge sample.
     pub fn commit_order_held(&self) -> bool {

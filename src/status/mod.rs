@@ -114,7 +114,7 @@ async fn status(
         page.authorizer
             .permits(Access::Admin, &OutboxName::from_wire(name), presented)
     };
-    let view = view::gather(&page.admin, visible).await;
+    let view = view::gather(&page.admin, &page.metrics, visible).await;
     let mut response = Html(page::render(&view, REFRESH).into_string()).into_response();
     secure(response.headers_mut());
     response

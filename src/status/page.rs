@@ -12,10 +12,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{DOCTYPE, Markup, html};
 
 use super::view::{BLOCKED_KEYS_SHOWN, OutboxView, View};
-use crate::{
-    lease::Stats,
-    tasks::watchdog::{DatabaseReport, HolderKind},
-};
+use crate::tasks::watchdog::{DatabaseReport, HolderKind};
 
 const STYLE: &str = "
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1b1b1b; background: #fafafa; }
@@ -72,7 +69,7 @@ fn outboxes(view: &View) -> Markup {
                 tr {
                     th { "Outbox" } th { "Table" } th { "Pending" } th { "In flight" }
                     th { "Oldest pending" } th { "Dead letters" } th { "Blocked keys" }
-                    th { "Oldest blocked" } th { "Commit-order hold" } th { "Read at" }
+                    th { "Oldest blocked" } th title="At the last gauge sample (--metrics-interval)" { "Commit-order hold" } th { "Read at" }
                 }
                 @for outbox in &view.outboxes {
                     (outbox_row(outbox))
@@ -105,10 +102,10 @@ fn outbox_row(outbox: &OutboxView) -> Markup {
                     (figure("dead_lettered", stats.dead_lettered.to_string(), stats.dead_lettered.to_string(), flag(stats.dead_lettered > 0)))
                     (figure("blocked_keys", stats.blocked_keys.to_string(), stats.blocked_keys.to_string(), flag(stats.blocked_keys > 0)))
                     (figure("oldest_blocked_age", secs(stats.oldest_blocked_age), age(stats.oldest_blocked_age), ""))
-                    (figure("commit_order_holdback", secs(stats.commit_order_holdback), holdback(stats), ""))
                 }
-                Err(error) => td.error colspan="7" { "could not read: " (error) }
+                Err(error) => td.error colspan="6" { "could not read: " (error) }
             }
+            (figure("commit_order_holdback", secs(outbox.holdback), holdback(outbox.holdback), ""))
             td.when data-outbox=(name) data-figure="read_at" { (timestamp(outbox.read_at)) }
         }
     }
@@ -118,11 +115,11 @@ fn flag(bad: bool) -> &'static str {
     if bad { "bad" } else { "" }
 }
 
-fn holdback(stats: &Stats) -> String {
-    if stats.commit_order_holdback.is_zero() {
+fn holdback(held: Duration) -> String {
+    if held.is_zero() {
         "–".to_owned()
     } else {
-        age(stats.commit_order_holdback)
+        age(held)
     }
 }
 
@@ -264,14 +261,7 @@ fn database(report: &DatabaseReport, outboxes: &[OutboxView]) -> Markup {
 
 /// Which ordered outbox's guard holds events back, and for whom.
 fn commit_order(report: &DatabaseReport, outboxes: &[OutboxView]) -> Markup {
-    let holding: Vec<&OutboxView> = outboxes
-        .iter()
-        .filter(|o| {
-            o.stats
-                .as_ref()
-                .is_ok_and(|s| !s.commit_order_holdback.is_zero())
-        })
-        .collect();
+    let holding: Vec<&OutboxView> = outboxes.iter().filter(|o| !o.holdback.is_zero()).collect();
     html! {
         @if !holding.is_empty() {
             h3 { "Commit-order guard" }

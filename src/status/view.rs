@@ -2,12 +2,13 @@
 //! same reads as GetStats and ListBlockedKeys) with the time they were read,
 //! and the watchdog's latest findings with the time of its sample.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 
 use crate::{
     lease::{BlockedKey, BlockedKeysRequest, OutboxName, PageRequest, Stats},
+    metrics::ServerMetrics,
     outbox::OutboxSpec,
     service::AdminService,
     tasks::watchdog::DatabaseReport,
@@ -32,11 +33,19 @@ pub struct OutboxView {
     pub read_at: DateTime<Utc>,
     /// The error is shown in place of the figures, never the whole page.
     pub stats: Result<Stats, String>,
+    /// The commit-order guard's holdback at the last gauge sample (every
+    /// `--metrics-interval`): reading it probes the guard, which GetStats
+    /// does not do.
+    pub holdback: Duration,
     pub blocked: Result<Vec<BlockedKey>, String>,
 }
 
 /// Reads every outbox `visible` admits, all at once.
-pub async fn gather(admin: &AdminService, visible: impl Fn(&str) -> bool) -> View {
+pub async fn gather(
+    admin: &AdminService,
+    metrics: &ServerMetrics,
+    visible: impl Fn(&str) -> bool,
+) -> View {
     let specs = admin.outboxes();
     let total = specs.len();
     let reads = specs
@@ -62,6 +71,7 @@ pub async fn gather(admin: &AdminService, visible: impl Fn(&str) -> bool) -> Vie
                 Ok(Vec::new())
             };
             OutboxView {
+                holdback: metrics.sampled_holdback(&spec.name),
                 spec,
                 read_at: Utc::now(),
                 stats,

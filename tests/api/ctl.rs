@@ -534,3 +534,61 @@ async fn over_mutual_tls_with_a_token_it_works_and_a_wrong_ca_cannot_connect_3()
     assert_eq!(plain.code, Some(3), "plaintext to the TLS port: {plain:?}");
     let _ = std::fs::remove_dir_all(&tokens_dir);
 }
+
+/// `outboxctl health` (the `helm test` pod's check, #36): 0 while both the
+/// server and the API are SERVING, 1 naming the service once the database is
+/// gone (or for a service outboxd does not serve), 3 with no server.
+#[tokio::test]
+async fn health_exits_0_while_serving_and_1_naming_what_is_not() {
+    let app = TestApp::spawn().await;
+    let server = server(&app);
+    let serving = ctl(&["--server", &server, "--output", "json", "health"])
+        .await
+        .json();
+    assert_eq!(serving["serving"], true, "{serving}");
+    let services: Vec<(&str, &str)> = serving["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .map(|s| {
+            (
+                s["service"].as_str().expect("a name"),
+                s["status"].as_str().expect("a status"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        services,
+        [("", "SERVING"), ("outbox.v1.OutboxService", "SERVING")]
+    );
+    let table = ctl(&["--server", &server, "health"]).await;
+    assert_eq!(table.code, Some(0), "{table:?}");
+    assert!(table.stdout.contains("(server)") && table.stdout.contains("SERVING"));
+
+    let unknown = ctl(&[
+        "--server",
+        &server,
+        "health",
+        "--service",
+        "no.such.Service",
+    ])
+    .await;
+    assert_eq!(unknown.code, Some(1), "{unknown:?}");
+
+    // The database goes: NOT_SERVING, exit 1, the service named on stderr.
+    app.proxy.take_down();
+    let mut last = None;
+    let not_serving = crate::shared::wait::holds_within(secs(20), secs(1), async || {
+        let run = ctl(&["--server", &server, "health"]).await;
+        let seen = run.code == Some(1) && run.stderr.contains("NOT_SERVING");
+        last = Some(run);
+        seen
+    })
+    .await;
+    assert!(not_serving, "{last:?}");
+    app.proxy.bring_back();
+
+    let port = free_port();
+    let down = ctl(&["--server", &format!("http://127.0.0.1:{port}"), "health"]).await;
+    assert_eq!(down.code, Some(3), "{down:?}");
+}

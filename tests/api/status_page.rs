@@ -117,7 +117,7 @@ fn age(d: Option<&prost_types::Duration>) -> f64 {
 }
 
 /// A figure the page shows, as a number.
-fn shown(figures: &BTreeMap<(String, String), String>, outbox: &str, figure: &str) -> f64 {
+fn shown_value(figures: &BTreeMap<(String, String), String>, outbox: &str, figure: &str) -> f64 {
     figures
         .get(&(outbox.to_owned(), figure.to_owned()))
         .unwrap_or_else(|| panic!("the page shows no {figure} for {outbox}: {figures:?}"))
@@ -141,7 +141,7 @@ fn assert_matches(
     ] {
         assert_eq!(b, a, "{figure} of {outbox} changed while the page loaded");
         assert_eq!(
-            shown(figures, outbox, figure),
+            shown_value(figures, outbox, figure),
             b as f64,
             "{figure} of {outbox}"
         );
@@ -158,7 +158,7 @@ fn assert_matches(
             age(after.oldest_blocked_age.as_ref()),
         ),
     ] {
-        let page = shown(figures, outbox, figure);
+        let page = shown_value(figures, outbox, figure);
         assert!(
             b - 0.001 <= page && page <= a + 0.001,
             "{figure} of {outbox}: the page shows {page}, GetStats read {b} before and {a} after"
@@ -250,7 +250,7 @@ async fn the_page_in_a_browser_shows_what_get_stats_reads() {
         );
     }
     assert!(
-        shown(&figures, "", "xmin_horizon_age") > 0.0,
+        shown_value(&figures, "", "xmin_horizon_age") > 0.0,
         "the open transaction holds the horizon"
     );
 
@@ -270,6 +270,50 @@ async fn the_page_in_a_browser_shows_what_get_stats_reads() {
     );
     eprintln!("status page screenshot: {}", screenshot.display());
     drop(holder);
+}
+
+/// The commit-order guard's holdback, and the transaction it waits for, named
+/// on the page (#35: "the status page shows which transaction is the cause").
+#[tokio::test]
+async fn the_page_names_the_transaction_the_commit_order_guard_waits_for() {
+    let app = TestApp::spawn_with(|args| {
+        with_page(args)
+            .add("--outbox", "default=public.outbox")
+            .add("--outbox", "orders=public.orders_outbox:ordering=aggregate")
+            .set("--metrics-interval", "100ms");
+    })
+    .await;
+    let mut writer = PgConnection::connect(&app.db.url()).await.expect("connect");
+    sqlx::raw_sql("SET application_name = 'status-page-writer'; BEGIN; SELECT txid_current()")
+        .execute(&mut writer)
+        .await
+        .expect("a writer holds a transaction id");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut writer)
+        .await
+        .expect("its pid");
+    // An ordered event committed while the writer is open waits for it.
+    app.insert_into(ORDERS_TABLE, 1).await;
+    let named = format!("The oldest is pid {pid} (status-page-writer, idle in transaction)");
+    let mut last = String::new();
+    let shown = crate::shared::wait::holds_within(secs(20), millis(200), async || {
+        last = get(&app, &[]).await.body;
+        last.contains("Commit-order guard") && last.contains(&named)
+    })
+    .await;
+    assert!(shown, "the page names {pid}:\n{last}");
+    let figures = figures(&last);
+    assert!(shown_value(&figures, "orders", "commit_order_holdback") > 0.0);
+
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut writer)
+        .await
+        .expect("the writer ends");
+    let cleared = crate::shared::wait::holds_within(secs(20), millis(200), async || {
+        !get(&app, &[]).await.body.contains("Commit-order guard")
+    })
+    .await;
+    assert!(cleared, "no holdback once the writer ended");
 }
 
 // ---- who may read it ----
