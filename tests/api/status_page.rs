@@ -22,12 +22,11 @@ use outboxd::{
     grpc::pb::{GetStatsResponse, NackRequest},
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::support::{
-    DEAD_LETTERED, Reply, ServerArgs, TestApp, http, ids, millis, pki::Ca, pki::TempDir,
-    run_outboxd, said, secs, wait_until, within,
+    DEAD_LETTERED, Reply, ServerArgs, TestApp, http, ids, millis, open_transaction, pki::Ca,
+    pki::TempDir, run_outboxd, said, secs, wait_until, within,
 };
 
 const ORDERS_TABLE: &str = "public.orders_outbox";
@@ -204,11 +203,7 @@ async fn the_page_in_a_browser_shows_what_get_stats_reads() {
     assert_eq!(app.nack(dead("orders", &head)).await, [DEAD_LETTERED]);
 
     // A session of the test's own holding the xmin horizon.
-    let mut holder = PgConnection::connect(&app.db.url()).await.expect("connect");
-    sqlx::raw_sql("SET application_name = 'status-page-holder'; BEGIN; SELECT txid_current()")
-        .execute(&mut holder)
-        .await
-        .expect("hold a transaction open");
+    let (holder, _) = open_transaction(&app.db, "status-page-holder").await;
     let shows_holder = async || get(&app, &[]).await.body.contains("status-page-holder");
     wait_until(
         secs(30),
@@ -283,15 +278,7 @@ async fn the_page_names_the_transaction_the_commit_order_guard_waits_for() {
             .set("--metrics-interval", "100ms");
     })
     .await;
-    let mut writer = PgConnection::connect(&app.db.url()).await.expect("connect");
-    sqlx::raw_sql("SET application_name = 'status-page-writer'; BEGIN; SELECT txid_current()")
-        .execute(&mut writer)
-        .await
-        .expect("a writer holds a transaction id");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut writer)
-        .await
-        .expect("its pid");
+    let (mut writer, pid) = open_transaction(&app.db, "status-page-writer").await;
     // An ordered event committed while the writer is open waits for it.
     app.insert_into(ORDERS_TABLE, 1).await;
     let named = format!("The oldest is pid {pid} (status-page-writer, idle in transaction)");

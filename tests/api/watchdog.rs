@@ -9,7 +9,8 @@ use uuid::Uuid;
 use crate::{
     shared::wait::holds_within,
     support::{
-        Outboxd, TestApp, TestDb, cluster::Cluster, gauge, millis, secs, wait_until, within,
+        Outboxd, TestApp, TestDb, cluster::Cluster, gauge, millis, open_transaction, secs,
+        wait_until, within,
     },
 };
 
@@ -37,29 +38,6 @@ async fn report_of(app: &TestApp) -> Option<GetDatabaseReportResponse> {
 
 fn age_secs(d: Option<&prost_types::Duration>) -> f64 {
     d.map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
-}
-
-/// A connection of the test's own that holds a transaction with an id open,
-/// in the test's database, under `application_name`; returns it and its pid.
-async fn open_transaction(db: &TestDb, application_name: &str) -> (PgConnection, i32) {
-    let mut conn = PgConnection::connect(&db.url())
-        .await
-        .expect("connect to the test database");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET application_name = '{application_name}'"
-    )))
-    .execute(&mut conn)
-    .await
-    .expect("set application_name");
-    sqlx::raw_sql("BEGIN; SELECT txid_current()")
-        .execute(&mut conn)
-        .await
-        .expect("open a transaction with an id");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut conn)
-        .await
-        .expect("the holder's pid");
-    (conn, pid)
 }
 
 #[tokio::test]

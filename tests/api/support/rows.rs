@@ -3,10 +3,10 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::TestApp;
+use super::{TestApp, TestDb};
 
 impl TestApp {
     // ---- producer side ----
@@ -214,4 +214,27 @@ pub async fn insert_row(
         .execute(conn)
         .await
         .expect("producer insert");
+}
+
+/// A connection of the test's own that holds a transaction with an id open,
+/// in the test's database, under `application_name`; returns it and its pid.
+pub async fn open_transaction(db: &TestDb, application_name: &str) -> (PgConnection, i32) {
+    let mut conn = PgConnection::connect(&db.url())
+        .await
+        .expect("connect to the test database");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET application_name = '{application_name}'"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("set application_name");
+    sqlx::raw_sql("BEGIN; SELECT txid_current()")
+        .execute(&mut conn)
+        .await
+        .expect("open a transaction with an id");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .expect("the holder's pid");
+    (conn, pid)
 }
