@@ -8,7 +8,7 @@ use std::{
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, Histogram, ObservableGauge},
+    metrics::{AsyncInstrument, Counter, Histogram, Meter, ObservableGauge},
 };
 
 use outbox_runtime::metrics::{AGE_BUCKETS, BATCH_BUCKETS, LATENCY_BUCKETS};
@@ -38,6 +38,28 @@ pub struct ServerMetrics {
     _observers: Arc<Vec<ObservableGauge<f64>>>,
 }
 
+/// A gauge read at each collection from the latest sample in `state` (set by
+/// a sampling task, so a scrape never queries the database).
+fn observed<T: Send + 'static>(
+    meter: &Meter,
+    name: &'static str,
+    unit: &'static str,
+    help: &'static str,
+    state: &Arc<Mutex<T>>,
+    report: impl Fn(&T, &dyn AsyncInstrument<f64>) + Send + Sync + 'static,
+) -> ObservableGauge<f64> {
+    let state = Arc::clone(state);
+    meter
+        .f64_observable_gauge(name)
+        .with_description(help)
+        .with_unit(unit)
+        .with_callback(move |observer| {
+            let snapshot = state.lock().unwrap_or_else(|p| p.into_inner());
+            report(&snapshot, observer);
+        })
+        .build()
+}
+
 /// The database watchdog's latest values: the database's (no label) and
 /// each outbox table's. Empty until the first sample, so nothing is exported
 /// before there is something to say.
@@ -61,18 +83,18 @@ impl ServerMetrics {
                      unit: &'static str,
                      help: &'static str,
                      read: fn(&Stats) -> f64| {
-            let snapshot = Arc::clone(&gauges);
-            meter
-                .f64_observable_gauge(name)
-                .with_description(help)
-                .with_unit(unit)
-                .with_callback(move |observer| {
-                    let snapshot = snapshot.lock().unwrap_or_else(|p| p.into_inner());
-                    for (outbox, stats) in snapshot.iter() {
+            observed(
+                &meter,
+                name,
+                unit,
+                help,
+                &gauges,
+                move |snapshot, observer| {
+                    for (outbox, stats) in snapshot {
                         observer.observe(read(stats), &[KeyValue::new("outbox", outbox.clone())]);
                     }
-                })
-                .build()
+                },
+            )
         };
         let mut observers = vec![
             gauge(
@@ -126,35 +148,35 @@ impl ServerMetrics {
         ];
         let database: Arc<Mutex<DatabaseGauges>> = Arc::default();
         let db_gauge = |name: &'static str, unit: &'static str, help: &'static str, at: usize| {
-            let snapshot = Arc::clone(&database);
-            meter
-                .f64_observable_gauge(name)
-                .with_description(help)
-                .with_unit(unit)
-                .with_callback(move |observer| {
-                    let snapshot = snapshot.lock().unwrap_or_else(|p| p.into_inner());
+            observed(
+                &meter,
+                name,
+                unit,
+                help,
+                &database,
+                move |snapshot, observer| {
                     if let Some(values) = &snapshot.database {
                         observer.observe(values[at], &[]);
                     }
-                })
-                .build()
+                },
+            )
         };
         let table_gauge =
             |name: &'static str, unit: &'static str, help: &'static str, at: usize| {
-                let snapshot = Arc::clone(&database);
-                meter
-                    .f64_observable_gauge(name)
-                    .with_description(help)
-                    .with_unit(unit)
-                    .with_callback(move |observer| {
-                        let snapshot = snapshot.lock().unwrap_or_else(|p| p.into_inner());
+                observed(
+                    &meter,
+                    name,
+                    unit,
+                    help,
+                    &database,
+                    move |snapshot, observer| {
                         for (outbox, values) in &snapshot.tables {
                             if let Some(value) = values[at] {
                                 observer.observe(value, &[KeyValue::new("outbox", outbox.clone())]);
                             }
                         }
-                    })
-                    .build()
+                    },
+                )
             };
         observers.extend([
             db_gauge(
