@@ -176,39 +176,17 @@ impl Authorizer {
         outbox: &OutboxName,
         presented: Presented<'_>,
     ) -> Result<Caller, Refusal> {
-        let Some(table) = &self.0 else {
-            return Ok(Caller::anonymous());
-        };
-        let tokens = table.tokens.load();
-        let identity = identify(&tokens, presented)?;
-        if identity.may(access, outbox) {
-            Ok(Caller(Arc::from(identity.name.as_str())))
-        } else {
-            // The name is the client's: echo a bounded part of it, so an
-            // absurd one cannot make the reply itself too large.
-            let shown: String = outbox.as_str().chars().take(MAX_ECHOED_CHARS).collect();
-            let more = if shown.len() < outbox.as_str().len() {
-                "…"
-            } else {
-                ""
-            };
-            Err(Refusal::PermissionDenied(format!(
-                "{:?} has no scope for this call on outbox {shown:?}{more}: it needs {}",
-                identity.name,
-                access.needs()
-            )))
-        }
+        self.admit(presented)?.require(access, outbox)
     }
 
-    /// Whether the identity `presented` proves may make calls needing
-    /// `access` on `outbox`; `true` when open. For filtering what a caller
-    /// already let in sees, not for letting it in.
-    pub fn permits(&self, access: Access, outbox: &OutboxName, presented: Presented<'_>) -> bool {
+    /// Who `presented` proves to be, before any scope is asked about, so a
+    /// caller that needs several outboxes' answers is identified once.
+    pub fn admit(&self, presented: Presented<'_>) -> Result<Admitted, Refusal> {
         let Some(table) = &self.0 else {
-            return true;
+            return Ok(Admitted(None));
         };
         let tokens = table.tokens.load();
-        identify(&tokens, presented).is_ok_and(|identity| identity.may(access, outbox))
+        Ok(Admitted(Some(identify(&tokens, presented)?.clone())))
     }
 
     /// The task that keeps the file in force current: it re-reads it on
@@ -318,6 +296,43 @@ fn read(file: &std::path::Path) -> (Seen, Result<Tokens, Refused>) {
             Seen::Unreadable(e.to_string()),
             Err(Refused::Unreadable(e.to_string())),
         ),
+    }
+}
+
+/// A caller whose credential matched an identity of the file in force when
+/// it was admitted (or anyone, when authorisation is off).
+#[derive(Debug, Clone)]
+pub struct Admitted(Option<Identity>);
+
+impl Admitted {
+    /// Whether it may make calls needing `access` on `outbox`.
+    pub fn may(&self, access: Access, outbox: &OutboxName) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|identity| identity.may(access, outbox))
+    }
+
+    /// Its name if it may, else PERMISSION_DENIED saying what it lacks.
+    pub fn require(&self, access: Access, outbox: &OutboxName) -> Result<Caller, Refusal> {
+        let Some(identity) = &self.0 else {
+            return Ok(Caller::anonymous());
+        };
+        if identity.may(access, outbox) {
+            return Ok(Caller(Arc::from(identity.name.as_str())));
+        }
+        // The name is the client's: echo a bounded part of it, so an absurd
+        // one cannot make the reply itself too large.
+        let shown: String = outbox.as_str().chars().take(MAX_ECHOED_CHARS).collect();
+        let more = if shown.len() < outbox.as_str().len() {
+            "…"
+        } else {
+            ""
+        };
+        Err(Refusal::PermissionDenied(format!(
+            "{:?} has no scope for this call on outbox {shown:?}{more}: it needs {}",
+            identity.name,
+            access.needs()
+        )))
     }
 }
 

@@ -104,16 +104,14 @@ async fn status(
     };
     // About the database as a whole, like GetDatabaseReport: an admin scope
     // for any outbox opens it; each outbox is shown to its admins only.
-    if let Err(refusal) =
-        page.authorizer
-            .decide(Access::AnyAdmin, &OutboxName::from_wire(""), presented)
-    {
-        return refused(&page.metrics, &refusal);
-    }
-    let visible = |name: &str| {
-        page.authorizer
-            .permits(Access::Admin, &OutboxName::from_wire(name), presented)
+    let admitted = match page.authorizer.admit(presented).and_then(|admitted| {
+        admitted.require(Access::AnyAdmin, &OutboxName::from_wire(""))?;
+        Ok(admitted)
+    }) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refused(&page.metrics, &refusal),
     };
+    let visible = |name: &str| admitted.may(Access::Admin, &OutboxName::from_wire(name));
     let view = view::gather(&page.admin, &page.metrics, visible).await;
     let mut response = Html(page::render(&view, REFRESH).into_string()).into_response();
     secure(response.headers_mut());
