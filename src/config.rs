@@ -71,16 +71,28 @@ pub struct DatabaseArgs {
     #[arg(long, env = "OUTBOXD_STATEMENT_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
     pub statement_timeout: Duration,
 
-    /// An outbox: NAME=SCHEMA.TABLE[:key=value...]. Repeatable; options are
-    /// max_attempts, retention, backoff_base, backoff_factor, backoff_max.
-    /// Default: default=public.outbox.
+    /// An outbox: NAME=SCHEMA.TABLE[:OPTION=VALUE...], options separated by
+    /// ':'. Repeat the flag for more outboxes; in OUTBOXD_OUTBOXES, separate
+    /// them with ','. Options (each defaults to the flag of the same name):
+    /// max_attempts=N, retention=DURATION (0 deletes on ack),
+    /// backoff_base=DURATION, backoff_factor=F, backoff_max=DURATION,
+    /// ordering=none|aggregate (one event of an aggregate at a time, in seq
+    /// order), poison=block|park (ordering=aggregate only: a dead-lettered head
+    /// holds its aggregate until redriven or discarded, or lets it go on;
+    /// default block). Each outbox needs a table of its own. Default:
+    /// default=public.outbox.
     #[arg(
         long = "outbox",
         env = "OUTBOXD_OUTBOXES",
-        value_delimiter = ',',
-        value_name = "NAME=SCHEMA.TABLE"
+        value_name = "NAME=SCHEMA.TABLE[:OPTION=VALUE...]"
     )]
-    pub outboxes: Vec<OutboxArg>,
+    pub outboxes: Vec<String>,
+
+    /// Whether `outboxes` came from OUTBOXD_OUTBOXES (one value, outboxes
+    /// separated by commas) rather than from `--outbox` flags, where a comma
+    /// is a mistake: set from [`Sources`] before validating.
+    #[arg(skip)]
+    pub outboxes_from_env: bool,
 
     /// Deliveries before a message is dead-lettered (per-outbox option: max_attempts).
     #[arg(long, env = "OUTBOXD_MAX_ATTEMPTS", default_value_t = 10)]
@@ -169,10 +181,13 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
-    /// Prometheus metrics address (`GET /metrics`); the relay's default is
-    /// 9091, so both run side by side with their defaults.
-    #[arg(long, env = "OUTBOXD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
-    pub metrics_listen: ListenAddr,
+    /// Prometheus metrics address (`GET /metrics`, no authorisation).
+    /// Default: 0.0.0.0:9090 with --auth-tokens or --allow-unauthenticated,
+    /// 127.0.0.1:9090 without, as for --listen: a server open to this host
+    /// only does not publish its outboxes' figures to the network. The
+    /// relay's default is 9091, so both run side by side with their defaults.
+    #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
+    pub metrics_listen: Option<ListenAddr>,
 
     /// How often each outbox's gauges (pending, in flight, oldest age...) are
     /// sampled, by one query per outbox. A sample reads every pending row, so
@@ -368,15 +383,20 @@ impl DatabaseArgs {
             },
             retention: self.retention,
         };
-        let args = if self.outboxes.is_empty() {
-            vec![OutboxArg::from_str("default=public.outbox")?]
-        } else {
-            self.outboxes.clone()
-        };
+        let args = self.outbox_args()?;
         let mut outboxes: Vec<OutboxSpec> = Vec::with_capacity(args.len());
         for arg in &args {
             if outboxes.iter().any(|o| o.name == arg.name) {
                 return Err(format!("--outbox {}: configured twice", arg.name));
+            }
+            // Two outboxes on one table would each hand out its rows: every
+            // event published twice, and an unordered one would break the
+            // ordered one's per-aggregate order.
+            if let Some(other) = outboxes.iter().find(|o| o.table == arg.table) {
+                return Err(format!(
+                    "--outbox: outboxes {} and {} both name table {}: each outbox needs a table of its own",
+                    other.name, arg.name, arg.table
+                ));
             }
             let spec = arg.resolve(&defaults);
             if spec.policy.backoff.base > spec.policy.backoff.cap {
@@ -396,6 +416,39 @@ impl DatabaseArgs {
             statement_timeout: self.statement_timeout,
             outboxes,
         })
+    }
+
+    /// Records which of the flags came from the environment (see
+    /// `outboxes_from_env`).
+    pub fn note_sources(&mut self, sources: &Sources) {
+        self.outboxes_from_env = sources.is_from_env("--outbox");
+    }
+
+    fn outbox_args(&self) -> Result<Vec<OutboxArg>, String> {
+        if self.outboxes.is_empty() {
+            return Ok(vec![OutboxArg::from_str("default=public.outbox")?]);
+        }
+        if self.outboxes_from_env {
+            return self
+                .outboxes
+                .iter()
+                .flat_map(|value| value.split(','))
+                .map(str::trim)
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| OutboxArg::from_str(entry).map_err(|e| format!("--outbox {e}")))
+                .collect();
+        }
+        self.outboxes
+            .iter()
+            .map(|value| {
+                if value.contains(',') {
+                    return Err(format!(
+                        "--outbox {value:?}: options are separated by ':', not ','; repeat --outbox for another outbox"
+                    ));
+                }
+                OutboxArg::from_str(value).map_err(|e| format!("--outbox {e}"))
+            })
+            .collect()
     }
 }
 
@@ -450,6 +503,7 @@ impl ServeArgs {
         };
         let listen = self.listen_addr(auth.is_some())?;
         let admin_http_listen = self.admin_http_listen(auth.is_some())?;
+        let metrics_listen = self.metrics_listen_addr(auth.is_some());
         Ok(Config {
             database,
             listen,
@@ -460,7 +514,7 @@ impl ServeArgs {
             admin_http_listen,
             max_waiting_claims: self.max_waiting_claims,
             max_request_bytes: self.max_request_bytes,
-            metrics_listen: self.metrics_listen.clone(),
+            metrics_listen,
             metrics_interval: self.metrics_interval,
             migrate: !self.no_migrate,
             limits: Limits {
@@ -502,6 +556,18 @@ impl ServeArgs {
             ));
         }
         Ok(listen)
+    }
+
+    /// An explicit address is the operator's choice (metrics are read-only);
+    /// only the default follows the API's rule.
+    fn metrics_listen_addr(&self, authorised: bool) -> ListenAddr {
+        match &self.metrics_listen {
+            Some(listen) => listen.clone(),
+            None if authorised || self.allow_unauthenticated => {
+                ListenAddr::Ip(([0, 0, 0, 0], 9090).into())
+            }
+            None => ListenAddr::Ip(([127, 0, 0, 1], 9090).into()),
+        }
     }
 
     /// The status page shows pids and application names of the database's
@@ -622,7 +688,17 @@ mod tests {
         let url = "postgres://localhost/app";
         let open = serve(&["--database-url", url, "--allow-unauthenticated"]).expect("valid");
         assert_eq!(open.listen, "0.0.0.0:50051".parse().expect("addr"));
+        assert_eq!(open.metrics_listen, "0.0.0.0:9090".parse().expect("addr"));
         assert!(open.unauthenticated);
+        let local = serve(&["--database-url", url]).expect("valid");
+        assert_eq!(
+            local.metrics_listen,
+            "127.0.0.1:9090".parse().expect("addr"),
+            "an open server publishes its metrics to this host only"
+        );
+        let chosen = serve(&["--database-url", url, "--metrics-listen", "0.0.0.0:9100"])
+            .expect("an explicit metrics address is the operator's choice");
+        assert_eq!(chosen.metrics_listen, "0.0.0.0:9100".parse().expect("addr"));
         for local in ["127.0.0.1:7000", "[::1]:7000", "localhost:7000"] {
             assert!(serve(&["--database-url", url, "--listen", local]).is_ok());
         }
@@ -689,12 +765,62 @@ mod tests {
             "--database-url",
             "postgres://localhost/app",
             "--outbox",
-            "default=public.outbox,orders=sales.outbox:max_attempts=3:retention=0",
+            "default=public.outbox",
+            "--outbox",
+            "orders=sales.outbox:max_attempts=3:retention=0",
         ])
         .expect("valid");
         let orders = &config.database.outboxes[1];
         assert_eq!(orders.policy.max_attempts, 3);
         assert!(orders.policy.retention.is_zero());
+    }
+
+    #[test]
+    fn a_comma_in_an_outbox_flag_is_refused_but_the_variable_splits_on_it() {
+        let url = "postgres://localhost/app";
+        let err = serve(&[
+            "--database-url",
+            url,
+            "--outbox",
+            "orders=public.orders:max_attempts=3,retention=0",
+        ])
+        .expect_err("a comma on the flag");
+        assert!(err.contains("options are separated by ':'"), "{err}");
+
+        let mut cli = Cli::try_parse_from(["outboxd", "--database-url", url]).expect("parses");
+        cli.serve.database.outboxes =
+            vec!["default=public.outbox, orders=sales.outbox:max_attempts=3".into()];
+        cli.serve.database.outboxes_from_env = true;
+        let config = cli.serve.validate().expect("the variable splits on commas");
+        let names: Vec<_> = config.database.outboxes.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["default", "orders"]);
+        assert_eq!(config.database.outboxes[1].policy.max_attempts, 3);
+    }
+
+    #[test]
+    fn two_outboxes_on_one_table_are_refused_naming_both() {
+        let url = "postgres://localhost/app";
+        for (a, b) in [
+            ("default=public.outbox", "orders=public.outbox:ordering=aggregate"),
+            // An unqualified table is in `public`: the same table.
+            ("default=outbox", "orders=public.outbox:ordering=aggregate"),
+        ] {
+            let err = serve(&["--database-url", url, "--outbox", a, "--outbox", b])
+                .expect_err("one table, two outboxes");
+            assert_eq!(
+                err,
+                "--outbox: outboxes default and orders both name table public.outbox: each outbox needs a table of its own"
+            );
+        }
+        serve(&[
+            "--database-url",
+            url,
+            "--outbox",
+            "default=public.outbox",
+            "--outbox",
+            "orders=sales.outbox",
+        ])
+        .expect("two tables");
     }
 
     fn sources(argv: &[&str], env: &[&str]) -> Sources {

@@ -66,6 +66,11 @@ impl Sources {
         Self { from_env }
     }
 
+    /// Whether `flag` (`--name`) took its value from its environment variable.
+    pub fn is_from_env(&self, flag: &str) -> bool {
+        self.from_env.iter().any(|(f, _)| f == flag)
+    }
+
     /// `reason` with each `--flag` whose value came from the environment
     /// written as `VARIABLE (--flag)`, dropping clap's `<VALUE>` placeholder.
     pub fn explain(&self, reason: &str) -> String {

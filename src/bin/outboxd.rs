@@ -11,12 +11,13 @@ use outboxd::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let (cli, sources): (Cli, _) = match config::parse_args("outboxd") {
+    let (mut cli, sources): (Cli, _) = match config::parse_args("outboxd") {
         Ok(parsed) => parsed,
         Err(code) => return code,
     };
     match cli.command {
-        Some(Command::Migrate { database, log }) => {
+        Some(Command::Migrate { mut database, log }) => {
+            database.note_sources(&sources);
             let db = match database.validate() {
                 Ok(db) => db,
                 Err(reason) => return config::invalid_config("outboxd", &sources, &reason),
@@ -35,6 +36,7 @@ async fn main() -> ExitCode {
             code
         }
         None => {
+            cli.serve.database.note_sources(&sources);
             let config = match cli.serve.validate() {
                 Ok(config) => config,
                 Err(reason) => return config::invalid_config("outboxd", &sources, &reason),

@@ -264,6 +264,82 @@ async fn bad_outbox_args_exit_64_and_say_why() {
 }
 
 #[tokio::test]
+async fn two_outboxes_on_one_table_exit_64_naming_both_and_the_table() {
+    // The README's quick start (`default`) beside its ordered example (`orders`):
+    // the unordered one would hand out an aggregate's next event while the
+    // ordered one still holds its head.
+    for (flags, env) in [
+        (
+            vec![
+                "--outbox",
+                "default=public.outbox",
+                "--outbox",
+                "orders=outbox:ordering=aggregate",
+            ],
+            vec![],
+        ),
+        (
+            vec![],
+            vec![(
+                "OUTBOXD_OUTBOXES",
+                "default=outbox,orders=public.outbox:ordering=aggregate",
+            )],
+        ),
+    ] {
+        let mut args = vec!["--database-url", "postgres://u@h/d"];
+        args.extend(flags);
+        let output = run_outboxd(&args, &env).await;
+        assert_exit(
+            &output,
+            64,
+            &["outboxes default and orders both name table public.outbox"],
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_comma_in_outbox_is_an_error_on_the_flag_and_a_separator_in_the_variable() {
+    let output = run_outboxd(
+        &[
+            "--database-url",
+            "postgres://u@h/d",
+            "--outbox",
+            "orders=public.orders:max_attempts=3,retention=0",
+        ],
+        &[],
+    )
+    .await;
+    assert_exit(&output, 64, &["--outbox", "options are separated by ':'"]);
+    assert!(!said(&output).contains("invalid identifier"), "{}", said(&output));
+
+    // The variable splits on commas: an error in its second entry names it.
+    let output = run_outboxd(
+        &["--database-url", "postgres://u@h/d"],
+        &[("OUTBOXD_OUTBOXES", "a=public.a,b=public.b:colour=blue")],
+    )
+    .await;
+    assert_exit(&output, 64, &["OUTBOXD_OUTBOXES", r#""b=public.b:colour=blue""#]);
+}
+
+#[tokio::test]
+async fn outbox_help_documents_every_option() {
+    let output = run_outboxd(&["--help"], &[]).await;
+    let help = said(&output);
+    for option in [
+        "max_attempts",
+        "retention",
+        "backoff_base",
+        "backoff_factor",
+        "backoff_max",
+        "ordering=none|aggregate",
+        "poison=block|park",
+        "OUTBOXD_OUTBOXES",
+    ] {
+        assert!(help.contains(option), "--help names {option}:\n{help}");
+    }
+}
+
+#[tokio::test]
 async fn a_host_name_is_accepted_as_listen_address() {
     let app = TestApp::spawn_with(|args| {
         args.set("--listen", "localhost:0")
