@@ -30,6 +30,11 @@ pub enum Error {
     /// (retention, or an ack under zero retention).
     #[error("message {0} is not in this outbox")]
     MessageNotFound(String),
+    /// ExtendLease without ids on a lease that holds nothing: the batch was
+    /// lost to expiry and claimed again (or the id was never a lease), so the
+    /// worker should stop publishing it rather than believe it still holds it.
+    #[error("lease {0} holds no messages: it expired and was claimed again, or never existed")]
+    LeaseHoldsNothing(String),
     /// A long poll refused because `--max-waiting-claims` others wait already:
     /// each holds a connection and memory, so past the bound it is shed.
     #[error(

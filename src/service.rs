@@ -125,7 +125,7 @@ impl<S: OutboxStore> OutboxService<S> {
             let mut registration =
                 (!req.wait.is_zero()).then(|| outbox.waiters.register(req.max_messages));
             let batch = outbox.store.claim(req).await?;
-            self.observe_claim(outbox.name(), &batch);
+            self.observe_claim(outbox.name(), req, &batch);
             if batch.messages.is_empty() && !batch.dead_lettered.is_empty() {
                 // Every row this claim reached was past max attempts and is now
                 // dead-lettered, which never comes back: look again at once
@@ -223,11 +223,31 @@ impl<S: OutboxStore> OutboxService<S> {
         let outbox = outbox.name();
         self.metrics
             .lease_lost(outbox, count(&settled, Outcome::LeaseLost));
+        // With ids, each lost one is LEASE_LOST in the results; without, an
+        // empty success would hide that the whole batch is gone.
+        if req.message_ids.is_empty() && settled.results.is_empty() {
+            return Err(Error::LeaseHoldsNothing(req.lease_id.to_string()));
+        }
         Ok(settled)
     }
 
-    fn observe_claim(&self, outbox: &str, batch: &ClaimedBatch) {
+    fn observe_claim(&self, outbox: &str, req: &ClaimRequest, batch: &ClaimedBatch) {
         self.metrics.claimed(outbox, batch.messages.len());
+        if let Some((id, bytes)) = batch.too_large.first() {
+            // Counted at every claim that passes one by; an operator sees the
+            // rate, and the line names one event and the client's limit.
+            self.metrics
+                .too_large_for_client(outbox, batch.too_large.len());
+            tracing::warn!(
+                outbox,
+                worker_id = req.worker_id.as_str(),
+                message_id = %id,
+                bytes,
+                client_max_bytes = req.max_event_bytes,
+                passed_over = batch.too_large.len(),
+                "an event is larger than this client can receive (its max_response_bytes): left for a client with a higher limit; raise the worker's gRPC receive limit"
+            );
+        }
         self.metrics
             .dead_lettered(outbox, batch.dead_lettered.len());
         self.metrics

@@ -21,6 +21,7 @@ impl From<Error> for Status {
             }
             Error::TooManyWaiting(_) => Status::resource_exhausted(message),
             Error::MessageNotFound(_) => Status::not_found(message),
+            Error::LeaseHoldsNothing(_) => Status::failed_precondition(message),
             Error::Store(StoreError::UnknownOutbox(name)) => {
                 // The name is the client's: echo a bounded part of it, so an
                 // absurd one cannot make the reply itself too large.

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tonic::Code;
 use uuid::Uuid;
 
 use crate::support::{LEASE_LOST, NOT_FOUND, OK, TestApp, ids, outcomes, secs, time, wait_until};
@@ -99,4 +100,63 @@ async fn an_extended_lease_outlives_its_original_expiry() {
     );
     assert_eq!(app.row(&id).await.attempts, 1);
     assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await, [OK]);
+}
+
+#[tokio::test]
+async fn extending_a_lost_or_unknown_lease_says_so() {
+    let app = TestApp::spawn().await;
+    app.insert(2).await;
+    let lost = app.claim("slow", 10, secs(1), Duration::ZERO).await;
+    let lost_ids = ids(&lost);
+    assert_eq!(lost_ids.len(), 2);
+    // The lease expires and another worker claims both messages again.
+    let mut again = None;
+    wait_until(secs(10), "the expired batch is claimed again", async || {
+        let batch = app.claim("fast", 10, secs(60), Duration::ZERO).await;
+        let got = !batch.messages.is_empty();
+        if got {
+            again = Some(batch);
+        }
+        got
+    })
+    .await;
+    let again = again.expect("claimed again");
+    assert_eq!(ids(&again).len(), 2);
+
+    // The README's worker loop: extend the whole lease, no ids.
+    let status = app
+        .try_extend(&lost.lease_id, &[] as &[&str], secs(60))
+        .await
+        .expect_err("a lost lease is not extended in silence");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!(
+            "lease {} holds no messages: it expired and was claimed again, or never existed",
+            lost.lease_id
+        )
+    );
+    // With ids, each one says LEASE_LOST.
+    let resp = app.extend(&lost.lease_id, &lost_ids, secs(60)).await;
+    assert_eq!(outcomes(&lost_ids, &resp.results), [LEASE_LOST, LEASE_LOST]);
+    assert!(resp.lease_expires_at.is_none(), "nothing was extended");
+
+    // A lease id that never existed, and a lease whose messages are all acked.
+    let never = Uuid::new_v4().to_string();
+    let status = app
+        .try_extend(&never, &[] as &[&str], secs(60))
+        .await
+        .expect_err("an unknown lease");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains(&never), "{status:?}");
+    assert_eq!(app.ack(&again.lease_id, &ids(&again)).await, [OK, OK]);
+    let status = app
+        .try_extend(&again.lease_id, &[] as &[&str], secs(60))
+        .await
+        .expect_err("a lease with nothing left");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+
+    // The live lease is untouched by the refused calls.
+    let rows = app.row(&lost_ids[0]).await;
+    assert!(rows.published_at.is_some(), "acked under the second lease");
 }

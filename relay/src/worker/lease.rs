@@ -22,18 +22,22 @@ pub(super) async fn extended_while<L: Leases, T>(
     let half = settings.lease / 2;
     tokio::pin!(publish);
     let mut next = claimed_at + half;
+    let mut held = true;
     loop {
         tokio::select! {
             done = &mut publish => break done,
-            () = tokio::time::sleep_until(next) => {
-                extend(leases, settings, lease_id).await;
+            () = tokio::time::sleep_until(next), if held => {
+                held = extend(leases, settings, lease_id).await;
                 next += half;
             }
         }
     }
 }
 
-async fn extend<L: Leases>(leases: &L, settings: &Settings, lease_id: &str) {
+/// Extends the whole lease; false once outboxd says it holds nothing (lost
+/// to expiry and claimed by another worker), when extending again is useless.
+/// The publish goes on: its acks come back LEASE_LOST and are counted.
+async fn extend<L: Leases>(leases: &L, settings: &Settings, lease_id: &str) -> bool {
     let req = outboxd::pb::ExtendLeaseRequest {
         outbox: settings.outbox.clone(),
         lease_id: lease_id.to_owned(),
@@ -41,13 +45,25 @@ async fn extend<L: Leases>(leases: &L, settings: &Settings, lease_id: &str) {
         lease_duration: Some(proto_duration(settings.lease)),
     };
     match leases.extend(req).await {
-        Ok(resp) => tracing::debug!(
-            lease_id,
-            extended = resp.results.len(),
-            "lease extended while publishing"
-        ),
+        Ok(resp) => {
+            tracing::debug!(
+                lease_id,
+                extended = resp.results.len(),
+                "lease extended while publishing"
+            );
+            true
+        }
+        Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+            tracing::warn!(
+                lease_id,
+                reason = status.message(),
+                "lease lost while publishing: another worker holds the batch now"
+            );
+            false
+        }
         Err(status) => {
-            tracing::warn!(lease_id, code = ?status.code(), "could not extend lease; publishing on")
+            tracing::warn!(lease_id, code = ?status.code(), "could not extend lease; publishing on");
+            true
         }
     }
 }

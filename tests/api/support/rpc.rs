@@ -160,6 +160,17 @@ impl TestApp {
         ids: &[impl AsRef<str>],
         lease: Duration,
     ) -> ExtendLeaseResponse {
+        self.try_extend(lease_id, ids, lease)
+            .await
+            .unwrap_or_else(|s| panic!("ExtendLease failed: {s:?}"))
+    }
+
+    pub async fn try_extend(
+        &self,
+        lease_id: &str,
+        ids: &[impl AsRef<str>],
+        lease: Duration,
+    ) -> Result<ExtendLeaseResponse, Status> {
         let req = ExtendLeaseRequest {
             outbox: String::new(),
             lease_id: lease_id.into(),
@@ -169,8 +180,7 @@ impl TestApp {
         let mut client = self.client.clone();
         within(RPC_GUARD, "ExtendLease", client.extend_lease(req))
             .await
-            .unwrap_or_else(|s| panic!("ExtendLease failed: {s:?}"))
-            .into_inner()
+            .map(tonic::Response::into_inner)
     }
 
     pub async fn stats(&self) -> GetStatsResponse {
@@ -302,6 +312,7 @@ pub fn claim_request(
         lease_duration: dur(lease),
         wait: dur(wait),
         acks: Vec::new(),
+        max_response_bytes: 0,
     }
 }
 
