@@ -424,9 +424,7 @@ where
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .layer(tower::util::MapResponseLayer::new(
-            oversized_is_resource_exhausted,
-        ))
+        .layer(tower::util::MapResponseLayer::new(client_mistakes))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
@@ -463,23 +461,48 @@ async fn serve_health<T: tonic_health::pb::health_server::Health>(
     }
 }
 
-/// tonic refuses a request over its size limit with OUT_OF_RANGE; gRPC's
-/// convention for a message too large is RESOURCE_EXHAUSTED, which is what
-/// clients look for.
-fn oversized_is_resource_exhausted<B>(
+/// Statuses tonic gives a request it cannot read, turned into what they are: a
+/// client's mistake. A request over `--max-request-bytes` is OUT_OF_RANGE in
+/// tonic; gRPC's convention, and what clients look for, is RESOURCE_EXHAUSTED,
+/// and the message names the flag. Bytes that do not decode (a wrong wire type,
+/// a string that is not UTF-8) are INTERNAL in tonic-prost; they become
+/// INVALID_ARGUMENT with the decoder's reason. Both are refused before any
+/// handler runs, so the headers-only reply is the place to fix them.
+fn client_mistakes<B>(
     mut response: tonic::codegen::http::Response<B>,
 ) -> tonic::codegen::http::Response<B> {
     let headers = response.headers_mut();
-    let oversized = headers.get("grpc-status").is_some_and(|s| s == "11")
-        && headers
-            .get("grpc-message")
-            .and_then(|m| m.to_str().ok())
-            .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
-    if oversized {
-        headers.insert(
-            "grpc-status",
-            tonic::codegen::http::HeaderValue::from_static("8"),
-        );
+    let (Some(status), Some(message)) = (headers.get("grpc-status"), headers.get("grpc-message"))
+    else {
+        return response;
+    };
+    let message = percent_encoding::percent_decode(message.as_bytes())
+        .decode_utf8_lossy()
+        .into_owned();
+    let fixed = if status == "11" && message.contains("message length too large") {
+        Some((
+            "8",
+            format!("request too large: {message} (--max-request-bytes)"),
+        ))
+    } else if status == "13" && message.starts_with("failed to decode Protobuf message") {
+        Some(("3", format!("invalid request: {message}")))
+    } else {
+        None
+    };
+    if let Some((code, message)) = fixed {
+        let encoded =
+            percent_encoding::utf8_percent_encode(&message, GRPC_MESSAGE_ESCAPED).to_string();
+        if let Ok(value) = tonic::codegen::http::HeaderValue::from_str(&encoded) {
+            headers.insert(
+                "grpc-status",
+                tonic::codegen::http::HeaderValue::from_static(code),
+            );
+            headers.insert("grpc-message", value);
+        }
     }
     response
 }
+
+/// What gRPC's `grpc-message` header must percent-encode: '%' and anything
+/// outside printable ASCII.
+const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');

@@ -726,6 +726,10 @@ async fn an_oversized_ack_is_resource_exhausted_changes_nothing_and_the_server_s
         .await
         .expect_err("an Ack over --max-request-bytes");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("(--max-request-bytes)"),
+        "the message names the flag: {status:?}"
+    );
     let mut admin = app.admin().await;
     let status = admin
         .discard(DiscardRequest {

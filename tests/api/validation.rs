@@ -106,6 +106,7 @@ async fn malformed_claim_requests_are_refused_and_change_nothing() {
             lease_id: "nope".into(),
             message_ids: vec![Uuid::new_v4().to_string()],
         }],
+        max_response_bytes: 1,
     };
     // A bad carried ack refuses the claim too: nothing acked, nothing claimed.
     let mut bad_ack = claim_request("", "w", 10, secs(30), Duration::ZERO);
@@ -139,6 +140,7 @@ async fn malformed_claim_requests_are_refused_and_change_nothing() {
             "max_messages",
             "lease_duration",
             "wait",
+            "max_response_bytes",
             "acks[0].lease_id"
         ]
     );
@@ -293,4 +295,102 @@ async fn malformed_extend_requests_are_refused_and_change_nothing() {
         before,
         "refused extends changed nothing"
     );
+}
+
+/// Request bytes exactly as given: what a client with a broken encoder (or
+/// none) sends.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawBytes;
+
+impl tonic::codec::Codec for RawBytes {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Self;
+    type Decoder = Self;
+
+    fn encoder(&mut self) -> Self {
+        Self
+    }
+
+    fn decoder(&mut self) -> Self {
+        Self
+    }
+}
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let n = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, n).to_vec()))
+    }
+}
+
+#[tokio::test]
+async fn undecodable_request_bytes_are_invalid_argument_on_every_rpc() {
+    let (app, _, _, before) = app_with_work().await;
+    let channel = app.endpoint().connect().await.expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    // Field 1 with wire type 7, which does not exist.
+    let bad_wire_type = vec![0x0f, 0x00];
+    // ClaimBatch's worker_id (field 2, length-delimited) that is not UTF-8.
+    let not_utf8 = vec![0x12, 0x02, 0xff, 0xfe];
+    let rpcs = [
+        "/outbox.v1.OutboxService/ClaimBatch",
+        "/outbox.v1.OutboxService/Ack",
+        "/outbox.v1.OutboxService/Nack",
+        "/outbox.v1.OutboxService/ExtendLease",
+        "/outbox.v1.OutboxService/GetStats",
+        "/outbox.v1.OutboxAdmin/ListDeadLetters",
+        "/outbox.v1.OutboxAdmin/ListBlockedKeys",
+        "/outbox.v1.OutboxAdmin/Redrive",
+        "/outbox.v1.OutboxAdmin/Discard",
+        "/outbox.v1.OutboxAdmin/GetDatabaseReport",
+        "/outbox.v1.OutboxAdmin/InspectMessage",
+        "/outbox.v1.OutboxAdmin/ListOutboxes",
+    ];
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = rpcs
+        .iter()
+        .map(|rpc| (*rpc, bad_wire_type.clone(), "invalid wire type value: 7"))
+        .collect();
+    cases.push((rpcs[0], not_utf8, "not UTF-8"));
+    for (rpc, body, reason) in cases {
+        grpc.ready().await.expect("channel ready");
+        let status = grpc
+            .unary(
+                tonic::Request::new(body),
+                tonic::codegen::http::uri::PathAndQuery::from_static(rpc),
+                RawBytes,
+            )
+            .await
+            .expect_err("undecodable bytes are refused");
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{rpc}: {status:?}"
+        );
+        assert!(
+            status
+                .message()
+                .starts_with("invalid request: failed to decode Protobuf message"),
+            "{rpc}: {status:?}"
+        );
+        assert!(status.message().contains(reason), "{rpc}: {status:?}");
+    }
+    assert_eq!(app.snapshot("outbox").await, before, "nothing changed");
 }
