@@ -792,7 +792,12 @@ mod tests {
             vec!["default=public.outbox, orders=sales.outbox:max_attempts=3".into()];
         cli.serve.database.outboxes_from_env = true;
         let config = cli.serve.validate().expect("the variable splits on commas");
-        let names: Vec<_> = config.database.outboxes.iter().map(|o| o.name.as_str()).collect();
+        let names: Vec<_> = config
+            .database
+            .outboxes
+            .iter()
+            .map(|o| o.name.as_str())
+            .collect();
         assert_eq!(names, ["default", "orders"]);
         assert_eq!(config.database.outboxes[1].policy.max_attempts, 3);
     }
@@ -801,7 +806,10 @@ mod tests {
     fn two_outboxes_on_one_table_are_refused_naming_both() {
         let url = "postgres://localhost/app";
         for (a, b) in [
-            ("default=public.outbox", "orders=public.outbox:ordering=aggregate"),
+            (
+                "default=public.outbox",
+                "orders=public.outbox:ordering=aggregate",
+            ),
             // An unqualified table is in `public`: the same table.
             ("default=outbox", "orders=public.outbox:ordering=aggregate"),
         ] {

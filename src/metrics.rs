@@ -27,6 +27,7 @@ pub struct ServerMetrics {
     lease_expired: Counter<u64>,
     lease_lost: Counter<u64>,
     empty_claims: Counter<u64>,
+    too_large_for_client: Counter<u64>,
     waiting_claims_refused: Counter<u64>,
     auth_refusals: Counter<u64>,
     auth_reloads: Counter<u64>,
@@ -118,7 +119,7 @@ impl ServerMetrics {
             gauge(
                 "outbox_oldest_pending_age_seconds",
                 "s",
-                "Age of the oldest claimable or leased unpublished message, by the database clock. Alert on this.",
+                "Age of the oldest claimable or leased unpublished message (not counting those held behind a blocked aggregate's head), by the database clock. Alert on this.",
                 |s| s.oldest_pending_age.as_secs_f64(),
             ),
             gauge(
@@ -284,6 +285,10 @@ impl ServerMetrics {
                 "outbox_empty_claims_total",
                 "Claim statements that found nothing claimable (long-poll re-checks included).",
             ),
+            too_large_for_client: counter(
+                "outbox_events_too_large_for_client_total",
+                "Events a claim passed over because they exceed the client's max_response_bytes (left for a client that can receive them; counted at each claim that passes one).",
+            ),
             waiting_claims_refused: counter(
                 "outbox_waiting_claims_refused_total",
                 "Long-polling claims refused with RESOURCE_EXHAUSTED because --max-waiting-claims were waiting already.",
@@ -361,6 +366,10 @@ impl ServerMetrics {
 
     pub fn nacked(&self, outbox: &str, n: usize) {
         self.add(&self.nacked, outbox, n);
+    }
+
+    pub fn too_large_for_client(&self, outbox: &str, n: usize) {
+        self.add(&self.too_large_for_client, outbox, n);
     }
 
     pub fn dead_lettered(&self, outbox: &str, n: usize) {

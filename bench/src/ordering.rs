@@ -44,7 +44,7 @@ const HEAD_ONLY: &str = "AND NOT EXISTS (SELECT 1 FROM {table} AS p
 
 /// outboxd's claim statement for an ordered `schema.outbox` (poison=block),
 /// bound as the scale scenario binds the unordered one; the commit-order
-/// guard's bound ($8) lets every row through, as it does once no writer that
+/// guard's bound ($9) lets every row through, as it does once no writer that
 /// started before the claim is still open.
 fn ordered_claim_sql(schema: &str) -> String {
     let head_only = HEAD_ONLY.replace("{parked}", "");
@@ -52,10 +52,10 @@ fn ordered_claim_sql(schema: &str) -> String {
         .replace("{expired_order}", &head_only)
         .replace(
             "{fresh_order}",
-            &format!("AND o.seq <= $8::bigint\n      {head_only}"),
+            &format!("AND o.seq <= $9::bigint\n      {head_only}"),
         )
         .replace("{lease_aggregate}", "c.aggregate_id");
-    scenarios::bind_claim(&sql, schema).replace("$8", &i64::MAX.to_string())
+    scenarios::bind_claim(&sql, schema).replace("$9", &i64::MAX.to_string())
 }
 
 /// The two sides of every comparison here.
@@ -512,7 +512,7 @@ mod tests {
             "HEAD_ONLY differs from outboxd's in src/store/postgres/statements.rs"
         );
         let sql = ordered_claim_sql("public");
-        for placeholder in ["{", "$1", "$8"] {
+        for placeholder in ["{", "$1", "$8", "$9"] {
             assert!(!sql.contains(placeholder), "{placeholder} left in\n{sql}");
         }
         assert!(

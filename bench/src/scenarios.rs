@@ -1645,6 +1645,7 @@ pub fn bind_claim(sql: &str, schema: &str) -> String {
         .replace("$5", "10")
         .replace("$6", "3145728")
         .replace("$7", "8388608")
+        .replace("$8", "8388608")
 }
 
 /// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack.
@@ -1675,6 +1676,7 @@ pub async fn claim_counted(
         }),
         wait: None,
         acks: Vec::new(),
+        max_response_bytes: 0,
     };
     let started = Instant::now();
     let batch = tokio::time::timeout(Duration::from_secs(30), client.claim_batch(request))

@@ -449,6 +449,7 @@ async fn claim_ack(client: &mut Client, batch: u32) -> anyhow::Result<f64> {
             }),
             wait: None,
             acks: Vec::new(),
+            max_response_bytes: 0,
         }),
     )
     .await

@@ -16,8 +16,8 @@ use crate::{
     lease::{
         AckRequest, BlockedKeysRequest, ClaimRequest, DEFAULT_PAGE_SIZE, DeadLettersRequest,
         DiscardRequest, ExtendRequest, InspectRequest, LeaseId, Limits, MAX_AGGREGATE_ID_BYTES,
-        MAX_CARRIED_ACKS, MAX_PAGE_SIZE, MessageId, NackRequest, OutboxName, PageRequest,
-        RedriveRequest, RedriveSelector, StatsRequest, WorkerId, clean_error,
+        MAX_CARRIED_ACKS, MAX_PAGE_SIZE, MIN_RESPONSE_BYTES, MessageId, NackRequest, OutboxName,
+        PageRequest, RedriveRequest, RedriveSelector, StatsRequest, WorkerId, clean_error,
     },
 };
 
@@ -48,16 +48,26 @@ impl Parse for pb::ClaimBatchRequest {
         let wait = check
             .duration("wait", self.wait)
             .map(|w| w.unwrap_or_default().min(limits.max_wait));
+        if self.max_response_bytes != 0 && self.max_response_bytes < MIN_RESPONSE_BYTES {
+            check.refuse(
+                "max_response_bytes",
+                format!("must be 0 (the server's limits) or at least {MIN_RESPONSE_BYTES}"),
+            );
+        }
         // After the claim's own fields: every bad field at once, the claim's first.
         let acks = check.carried(&outbox, &self.acks, limits);
+        let carried_ids = acks.iter().map(|a| a.message_ids.len()).sum();
         check.finish(|| {
+            let max_messages = max_messages?;
+            let budget = limits.claim_budget(self.max_response_bytes, max_messages, carried_ids);
             Some(ClaimRequest {
                 outbox,
                 worker_id: worker_id?,
-                max_messages: max_messages?,
+                max_messages,
                 lease: lease?,
                 wait: wait?,
-                max_bytes: limits.max_claim_bytes,
+                max_bytes: budget.batch_bytes,
+                max_event_bytes: budget.event_bytes,
                 max_message_bytes: limits.max_message_bytes,
                 acks,
             })

@@ -45,6 +45,7 @@ impl From<ClaimedMessage> for pb::OutboxMessage {
             created_at: Some(timestamp(m.created_at)),
             attempt: m.attempt,
             sequence: m.sequence,
+            redrives: m.redrives,
         }
     }
 }
@@ -84,6 +85,7 @@ impl From<Stats> for pb::GetStatsResponse {
             published_retained: s.published_retained,
             blocked_keys: s.blocked_keys,
             oldest_blocked_age: Some(duration(s.oldest_blocked_age)),
+            last_error: s.last_error.unwrap_or_default(),
         }
     }
 }
@@ -289,6 +291,7 @@ mod tests {
             messages: Vec::new(),
             dead_lettered: Vec::new(),
             expired_leases: Vec::new(),
+            too_large: Vec::new(),
         };
         let response = pb::ClaimBatchResponse::from((vec![result(Outcome::Ok)], batch));
         assert_eq!(response.lease_id, "");

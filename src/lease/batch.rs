@@ -22,6 +22,8 @@ pub struct ClaimedMessage {
     /// 1 on first delivery.
     pub attempt: u32,
     pub sequence: i64,
+    /// Times an operator redrove it out of the dead letters.
+    pub redrives: u32,
 }
 
 /// A lease that ended — settled, or found expired when its row was re-claimed —
@@ -54,6 +56,9 @@ pub struct ClaimedBatch {
     /// Rows that had used up their attempts and were dead-lettered, not handed out.
     pub dead_lettered: Vec<Uuid>,
     pub expired_leases: Vec<EndedLease>,
+    /// Events larger than this client can receive, left for another one:
+    /// their ids and sizes in bytes.
+    pub too_large: Vec<(Uuid, u64)>,
 }
 
 /// The outcome of a settle call, one result per requested id in request order.
@@ -67,7 +72,7 @@ pub struct Settled {
 }
 
 /// Counts of one outbox, by the database clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Stats {
     pub pending: u64,
     pub in_flight: u64,
@@ -82,4 +87,7 @@ pub struct Stats {
     /// How long the commit-order guard of an ordered outbox has been holding
     /// new events back for transactions still open (zero when it is not).
     pub commit_order_holdback: std::time::Duration,
+    /// The error of the newest dead letter, else of the pending event retried
+    /// last; GetStats only (the gauges' samples skip it).
+    pub last_error: Option<String>,
 }

@@ -21,8 +21,8 @@ pub use admin::{
 pub use batch::{ClaimedBatch, ClaimedMessage, EndedLease, Settled, Stats};
 pub use ids::{LeaseId, MessageId, OutboxName, WorkerId};
 pub use limits::{
-    DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits, MAX_CARRIED_ACKS, MAX_ERROR_CHARS,
-    MAX_RETRY_AFTER,
+    ClaimBudget, DEFAULT_MAX_CLAIM_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Limits, MAX_CARRIED_ACKS,
+    MAX_ERROR_CHARS, MAX_RETRY_AFTER, MIN_RESPONSE_BYTES,
 };
 pub use outcome::{MessageResult, Outcome, RowState, Settle};
 pub use request::{

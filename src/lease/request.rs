@@ -13,8 +13,11 @@ pub struct ClaimRequest {
     pub max_messages: u32,
     pub lease: Duration,
     pub wait: Duration,
-    /// The batch's byte budget and the largest event handed out (see [`Limits`](super::Limits)).
+    /// The batch's byte budget and the largest event this client may be
+    /// handed (see [`Limits::claim_budget`](super::Limits::claim_budget)).
     pub max_bytes: u64,
+    pub max_event_bytes: u64,
+    /// The server's limit: a larger event is dead-lettered on sight.
     pub max_message_bytes: u64,
     /// Acks of earlier batches, applied before the claim.
     pub acks: Vec<AckRequest>,

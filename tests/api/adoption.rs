@@ -10,7 +10,7 @@ use sqlx::AssertSqlSafe;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{OK, ServerArgs, TestApp, TestDb, config_for, ids, secs, within};
+use crate::support::{OK, Outboxd, ServerArgs, TestApp, TestDb, config_for, ids, secs, within};
 
 /// The table as a classic relay would have left it.
 const CLASSIC_TABLE: &str = "CREATE TABLE public.legacy_outbox (
@@ -339,6 +339,13 @@ async fn replicas_starting_together_adopt_the_table_once() {
 async fn the_lease_indexes_and_trigger_of_an_earlier_version_are_replaced() {
     let legacy_outbox = classic_outbox().await;
     let db = &legacy_outbox.db;
+    // A database an earlier release set up: its frozen migrations ran there
+    // (the trigger's function is theirs), and this release's start runs any
+    // it has not.
+    outboxd::server::MIGRATOR
+        .run(&db.pool)
+        .await
+        .expect("the frozen migrations");
     let first = TestApp::spawn_on(Arc::clone(db), legacy)
         .await
         .expect("the first server adopts");
@@ -460,4 +467,63 @@ async fn ordering_an_outbox_adds_its_index_and_upgrades_an_earlier_lease_table()
         .await;
     let err = refused(db, "ordering over a caching sequence", ordered).await;
     assert!(err.contains("CACHE to be 1"), "{err}");
+}
+
+/// A brand-new database: outboxd creates each configured table in today's
+/// shape and says so, without the upgrade lines (adding columns, dropping the
+/// wake-up trigger) that would read as if something old had been there, and
+/// without the first release's `public.outbox` for an outbox of another name.
+#[tokio::test]
+async fn a_first_start_on_a_new_database_creates_without_upgrading() {
+    let db = TestDb::create().await;
+    let server = Outboxd::start(
+        &db,
+        &["--outbox", "orders=public.orders:ordering=aggregate"],
+    )
+    .await;
+    let said = server.said();
+    assert!(
+        !server
+            .lines_with(&["creating outbox table", "public.orders"])
+            .is_empty(),
+        "{said}"
+    );
+    for upgrade in [
+        "adopting table",
+        "wake-up trigger",
+        "dropping the",
+        "upgrading",
+        "fillfactor",
+    ] {
+        assert!(
+            !said.contains(upgrade),
+            "no upgrade line ({upgrade}):\n{said}"
+        );
+    }
+    let stray = db
+        .scalar_i64(
+            "SELECT count(*) FROM pg_class WHERE relname IN ('outbox', '_sqlx_migrations', 'outboxd_quiet')",
+        )
+        .await;
+    assert_eq!(stray, 0, "nothing but the configured outbox is created");
+    let columns = db
+        .scalar_i64(
+            "SELECT count(*) FROM information_schema.columns \
+             WHERE table_schema = 'public' AND table_name = 'orders' AND column_name = 'redrives'",
+        )
+        .await;
+    assert_eq!(columns, 1, "the table has today's columns");
+    drop(server);
+
+    // A second start has nothing to create or upgrade.
+    let again = Outboxd::start(
+        &db,
+        &["--outbox", "orders=public.orders:ordering=aggregate"],
+    )
+    .await;
+    assert!(
+        again.lines_with(&["creating"]).is_empty(),
+        "{}",
+        again.said()
+    );
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{OK, TestApp, ids, secs, strings};
+use crate::support::{OK, TestApp, claim_request, gauge, ids, secs, strings};
 
 /// An event whose JSON payload is about `bytes` long.
 async fn insert_sized(app: &TestApp, bytes: usize) -> Uuid {
@@ -121,4 +121,61 @@ async fn one_huge_row_no_longer_poisons_its_batch_at_the_default_limits() {
     let stats = app.stats().await;
     assert_eq!(stats.dead_lettered, 1, "only the 10 MB row");
     assert_eq!(stats.pending, 0);
+}
+
+/// Issue #46: an event between a stock client's 4 MiB and
+/// `--max-message-bytes` (8 MiB) failed every claim of a plain gRPC client
+/// that included it, each time spending an attempt. A client that states its
+/// limit (`max_response_bytes`) is never sent more: such an event goes to none
+/// of its claims, uses no attempt, is counted, and waits for a client that can
+/// receive it.
+#[tokio::test]
+async fn a_client_is_never_sent_more_than_its_max_response_bytes() {
+    let app = TestApp::spawn().await;
+    let before = insert_sized(&app, 100).await;
+    let big = insert_sized(&app, 5 * 1024 * 1024).await;
+    let after = insert_sized(&app, 100).await;
+
+    // The test's client keeps tonic's default 4 MiB receive limit, and says so.
+    let mut stock = claim_request("", "stock", 100, secs(60), Duration::ZERO);
+    stock.max_response_bytes = 4 * 1024 * 1024;
+    let batch = app
+        .try_claim(stock.clone())
+        .await
+        .expect("a response the client can receive");
+    assert_eq!(ids(&batch), strings(&[before, after]));
+    assert_eq!(app.ack(&batch.lease_id, &ids(&batch)).await, [OK, OK]);
+    for _ in 0..3 {
+        let batch = app.try_claim(stock.clone()).await.expect("receivable");
+        assert!(
+            batch.messages.is_empty(),
+            "the big event is not for this client"
+        );
+    }
+    let row = app.row(&big.to_string()).await;
+    assert_eq!(row.attempts, 0, "no attempt spent: {row:?}");
+    assert!(
+        row.dead_lettered_at.is_none() && row.lease_left.is_none(),
+        "{row:?}"
+    );
+    let passed_over = gauge(
+        &app.scrape().await,
+        "outbox_events_too_large_for_client_total",
+        "default",
+    );
+    assert!(passed_over.is_some_and(|n| n >= 4.0), "{passed_over:?}");
+
+    // A client that can receive it gets it, whole.
+    let channel = app.endpoint().connect().await.expect("connect");
+    let mut large = outboxd::grpc::pb::outbox_service_client::OutboxServiceClient::new(channel)
+        .max_decoding_message_size(64 * 1024 * 1024);
+    let mut req = stock.clone();
+    req.max_response_bytes = 64 * 1024 * 1024;
+    let batch = large.claim_batch(req).await.expect("claim").into_inner();
+    assert_eq!(ids(&batch), strings(&[big]));
+    assert_eq!(batch.messages[0].attempt, 1);
+
+    // Too small a limit is a client's mistake, named.
+    stock.max_response_bytes = 1000;
+    crate::support::assert_invalid(app.try_claim(stock).await, &["max_response_bytes"]);
 }

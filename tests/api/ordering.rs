@@ -566,6 +566,7 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
     let head = next_batch(&app, "w", 10, secs(30)).await;
     assert_eq!(ids(&head), [a1.as_str()], "the head comes first");
     assert_eq!(head.messages[0].attempt, 1, "its attempts start over");
+    assert_eq!(head.messages[0].redrives, 1, "and it says it was redriven");
     nothing_claimable(&app, Duration::ZERO, "A's head is leased").await;
     assert_eq!(app.stats().await.blocked_keys, 0);
     assert_eq!(app.ack(&head.lease_id, &[&a1]).await, [OK]);
@@ -575,6 +576,65 @@ async fn a_dead_lettered_head_blocks_only_its_aggregate_until_redriven() {
         assert_eq!(app.ack(&batch.lease_id, &[&next]).await, [OK]);
     }
     nothing_claimable(&app, Duration::ZERO, "all of A is published").await;
+}
+
+#[tokio::test]
+async fn events_held_behind_a_blocked_head_do_not_age_the_pending_figure() {
+    let app = TestApp::spawn_with(|args| {
+        args.add("--outbox", ordered_outbox(":poison=block"))
+            .set("--metrics-interval", "200ms");
+    })
+    .await;
+    let [a1, _a2, b1] = commit(&app, ["A", "A", "B"]).await;
+    // A's events are an hour old: the page must not fire for them.
+    sqlx::query(
+        "UPDATE public.outbox SET created_at = now() - interval '1 hour' WHERE aggregate_id = 'A'",
+    )
+    .execute(app.pool())
+    .await
+    .expect("age A's events");
+    // The gauge sampler probes the commit-order guard too, so the two heads
+    // may come in two claims.
+    let mut leases = std::collections::HashMap::new();
+    while leases.len() < 2 {
+        let batch = next_batch(&app, "w", 10, secs(30)).await;
+        for id in ids(&batch) {
+            assert!(id == a1 || id == b1, "only the heads: {id}");
+            leases.insert(id, batch.lease_id.clone());
+        }
+    }
+    dead_letter(&app, &leases[&a1], &a1).await;
+    // B flows: its next event is claimed and left in flight.
+    assert_eq!(app.ack(&leases[&b1], &[&b1]).await, [OK]);
+    let [b2] = commit(&app, ["B"]).await;
+    let flowing = next_batch(&app, "w", 10, secs(30)).await;
+    assert_eq!(ids(&flowing), [b2.as_str()]);
+
+    let stats = app.stats().await;
+    assert_eq!((stats.pending, stats.blocked_keys), (2, 1), "{stats:?}");
+    let pending_age = crate::support::seconds(stats.oldest_pending_age);
+    assert!(
+        pending_age < 600.0,
+        "A's second event is held, not pending: {pending_age} s"
+    );
+    assert!(crate::support::seconds(stats.oldest_blocked_age) > 0.0);
+    wait_until(
+        EXPECTED_WITHIN,
+        "the gauge leaves the held event out",
+        async || {
+            let body = app.scrape().await;
+            let blocked = gauge(&body, "outbox_blocked_keys", "default");
+            let age = gauge(&body, "outbox_oldest_pending_age_seconds", "default");
+            blocked == Some(1.0) && age.is_some_and(|a| a < 600.0)
+        },
+    )
+    .await;
+
+    // Without the in-flight one, nothing pending counts at all.
+    assert_eq!(app.ack(&flowing.lease_id, &[&b2]).await, [OK]);
+    let stats = app.stats().await;
+    assert_eq!(stats.pending, 1, "A's held event");
+    assert_eq!(crate::support::seconds(stats.oldest_pending_age), 0.0);
 }
 
 #[tokio::test]

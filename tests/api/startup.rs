@@ -310,7 +310,11 @@ async fn a_comma_in_outbox_is_an_error_on_the_flag_and_a_separator_in_the_variab
     )
     .await;
     assert_exit(&output, 64, &["--outbox", "options are separated by ':'"]);
-    assert!(!said(&output).contains("invalid identifier"), "{}", said(&output));
+    assert!(
+        !said(&output).contains("invalid identifier"),
+        "{}",
+        said(&output)
+    );
 
     // The variable splits on commas: an error in its second entry names it.
     let output = run_outboxd(
@@ -318,7 +322,11 @@ async fn a_comma_in_outbox_is_an_error_on_the_flag_and_a_separator_in_the_variab
         &[("OUTBOXD_OUTBOXES", "a=public.a,b=public.b:colour=blue")],
     )
     .await;
-    assert_exit(&output, 64, &["OUTBOXD_OUTBOXES", r#""b=public.b:colour=blue""#]);
+    assert_exit(
+        &output,
+        64,
+        &["OUTBOXD_OUTBOXES", r#""b=public.b:colour=blue""#],
+    );
 }
 
 #[tokio::test]

@@ -158,6 +158,7 @@ fn claim(max_messages: u32, lease: Duration) -> ClaimRequest {
         lease,
         wait: Duration::ZERO,
         max_bytes: DEFAULT_MAX_CLAIM_BYTES,
+        max_event_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         acks: Vec::new(),
     }

@@ -207,6 +207,9 @@ impl<L: Leases, P: Publisher> Worker<L, P> {
             max_messages: self.settings.batch_size,
             lease_duration: Some(proto_duration(self.settings.lease)),
             wait: Some(proto_duration(wait)),
+            // The channel's receive limit: outboxd never sends more.
+            max_response_bytes: u32::try_from(outboxd::client::MAX_RESPONSE_BYTES)
+                .unwrap_or(u32::MAX),
             acks: acks
                 .map(|a| pb::LeaseAck {
                     lease_id: a.lease_id.clone(),

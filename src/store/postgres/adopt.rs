@@ -104,8 +104,16 @@ async fn adopt_locked(
             return Err(missing_gap("does not exist".into()));
         }
         tracing::info!(%table, "creating outbox table");
-        run(conn, create_table(table)).await?;
+        // In today's shape at once, columns and all: nothing below has an
+        // upgrade to report for a table created here.
+        let ddl = format!(
+            "BEGIN; {}; {}; COMMIT;",
+            create_table(table),
+            add_columns(table, &service_columns().iter().collect::<Vec<_>>())
+        );
+        run(conn, ddl).await?;
     }
+    let created = exists.is_none();
 
     let columns: Vec<(String, String)> = sqlx::query(
         "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute \
@@ -177,7 +185,11 @@ async fn adopt_locked(
             // Left behind by an interrupted CREATE INDEX CONCURRENTLY.
             run(conn, drop_index(table, &name)).await?;
         }
-        tracing::info!(%table, index = %name, "adopting table: creating index");
+        if created {
+            tracing::debug!(%table, index = %name, "creating index");
+        } else {
+            tracing::info!(%table, index = %name, "adopting table: creating index");
+        }
         run(conn, index.create(table)).await?;
     }
 
@@ -212,7 +224,7 @@ async fn adopt_locked(
         // an index dropped by hand comes back.
         AdoptMode::Create => {
             if has_leases.is_none() {
-                tracing::info!(%table, leases = %leases, "creating the lease table");
+                tracing::debug!(%table, leases = %leases, "creating the lease table");
             } else if !has_column(conn, &leases, "aggregate_id").await? {
                 run(conn, add_lease_aggregate(table)).await?;
             }

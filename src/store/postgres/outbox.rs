@@ -179,7 +179,11 @@ impl OutboxStore for PgOutbox {
                 .bind(req.worker_id.as_str())
                 .bind(self.max_attempts())
                 .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
-                .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX));
+                .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
+                .bind(
+                    i64::try_from(req.max_event_bytes.min(req.max_message_bytes))
+                        .unwrap_or(i64::MAX),
+                );
             if let Some(bound) = bound {
                 query = query.bind(bound);
             }

@@ -33,6 +33,7 @@ pub(super) fn claimed_batch(
         messages: Vec::with_capacity(rows.len()),
         dead_lettered: Vec::new(),
         expired_leases: Vec::new(),
+        too_large: Vec::new(),
     };
     for row in rows {
         if row.try_get::<bool, _>("lost")? {
@@ -40,6 +41,13 @@ pub(super) fn claimed_batch(
             continue;
         }
         let id: Uuid = row.try_get("id")?;
+        if row.try_get::<bool, _>("too_large")? {
+            let bytes: i64 = row.try_get("bytes")?;
+            batch
+                .too_large
+                .push((id, u64::try_from(bytes).unwrap_or(0)));
+            continue;
+        }
         let dead: bool = row.try_get("dead_lettered")?;
         if let Some(prev) = row.try_get::<Option<Uuid>, _>("prev_lease_id")? {
             let attempts: i32 = row.try_get("attempts")?;
@@ -122,6 +130,7 @@ fn claimed_message(id: Uuid, row: &PgRow) -> Result<ClaimedMessage, StoreError> 
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
         attempt: u32::try_from(attempts).unwrap_or(0),
         sequence: row.try_get("seq")?,
+        redrives: u32::try_from(row.try_get::<i32, _>("redrives")?).unwrap_or(0),
     })
 }
 
@@ -144,6 +153,7 @@ pub(super) fn stats_of(row: &PgRow) -> Result<Stats, StoreError> {
         blocked_keys: count("blocked_keys")?,
         oldest_blocked_age: age("oldest_blocked_secs")?,
         commit_order_holdback: Duration::ZERO,
+        last_error: row.try_get("last_error")?,
     })
 }
 

@@ -37,6 +37,21 @@ const HEAD_ONLY: &str = "AND NOT EXISTS (SELECT 1 FROM {table} AS p
                         AND x.locked_until > now() AND x.id <> o.id
                       OFFSET 0)";
 
+/// GetStats' last error: the newest dead letter's, else the pending event's
+/// whose retry is due last (the one nacked most recently, give or take its
+/// backoff). Each part reads one index.
+const LAST_ERROR: &str = "(SELECT e.last_error FROM (
+        (SELECT d.last_error, 1 AS rank FROM {table} AS d
+         WHERE d.dead_lettered_at IS NOT NULL AND d.discarded_at IS NULL
+           AND d.last_error IS NOT NULL
+         ORDER BY d.dead_lettered_at DESC LIMIT 1)
+        UNION ALL
+        (SELECT p.last_error, 2 AS rank FROM {table} AS p
+         WHERE p.published_at IS NULL AND p.dead_lettered_at IS NULL
+           AND p.last_error IS NOT NULL
+         ORDER BY p.available_at DESC LIMIT 1)
+    ) AS e ORDER BY e.rank LIMIT 1)";
+
 const BY_ID: &str = "o.id = ANY($2::uuid[])";
 /// ExtendLease without ids: every row still held under the lease.
 const BY_LEASE: &str = "l.lease_id = $1::uuid AND cardinality($2::uuid[]) = 0";
@@ -94,14 +109,14 @@ impl Statements {
                 .replace("{expired_order}", &head_only(poison))
                 .replace(
                     "{fresh_order}",
-                    &format!("AND o.seq <= $8::bigint\n      {}", head_only(poison)),
+                    &format!("AND o.seq <= $9::bigint\n      {}", head_only(poison)),
                 )
                 .replace("{lease_aggregate}", "c.aggregate_id"),
         };
         let blocked = if ordering.blocks() {
             BLOCKED
         } else {
-            "SELECT NULL::timestamptz AS since WHERE false"
+            "SELECT NULL::text AS aggregate_id, NULL::bigint AS seq, NULL::timestamptz AS since WHERE false"
         };
         let redrive = |selector: &str| build(&REDRIVE.replace("{selector}", selector));
         // Each settle statement: classify the rows it names, then its own
@@ -138,11 +153,13 @@ impl Statements {
                         "{published_retained}",
                         "(SELECT count(*) FROM {table} WHERE published_at IS NOT NULL)",
                     )
+                    .replace("{last_error}", LAST_ERROR)
                     .replace("{blocked}", blocked),
             ),
             gauges: build(
                 &STATS
                     .replace("{published_retained}", "0::bigint")
+                    .replace("{last_error}", "NULL::text")
                     .replace("{blocked}", blocked),
             ),
             purge: build(PURGE),
@@ -246,7 +263,7 @@ mod tests {
             assert_eq!(outbox_writes(&s.claim), 1);
             assert!(s.claim.contains("dead_lettered_at = now()"));
             assert_eq!(outbox_writes(&s.ack_held), 1);
-            assert!(!s.claim.contains("$8"), "an unordered claim has no guard");
+            assert!(!s.claim.contains("$9"), "an unordered claim has no guard");
             assert_eq!(outbox_writes(&s.nack), 1);
             // Every settle is fenced by the lease row.
             for sql in [&s.ack_held, &s.nack, &s.extend, &s.extend_all] {
@@ -263,7 +280,7 @@ mod tests {
         let block = Statements::new(&table, false, Ordering::Aggregate(Poison::Block));
         let park = Statements::new(&table, false, Ordering::Aggregate(Poison::Park));
         for s in [&block, &park] {
-            assert!(s.claim.contains("o.seq <= $8::bigint"), "{}", s.claim);
+            assert!(s.claim.contains("o.seq <= $9::bigint"), "{}", s.claim);
             assert_eq!(s.claim.matches("p.seq < o.seq").count(), 2, "both parts");
             assert_eq!(s.claim.matches("x.locked_until > now()").count(), 2);
             assert!(s.claim.contains("c.aggregate_id"));

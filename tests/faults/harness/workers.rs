@@ -114,6 +114,7 @@ impl Conn {
             lease_duration: Some(LEASE.try_into().expect("fits")),
             wait: Some(WAIT.try_into().expect("fits")),
             acks: Vec::new(),
+            max_response_bytes: 0,
         };
         let start = self.history.now();
         let result = call(

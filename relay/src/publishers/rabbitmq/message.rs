@@ -104,6 +104,14 @@ pub(super) fn properties(m: &OutboxMessage, traceparent: Option<String>) -> Basi
         "x-outbox-sequence".into(),
         AMQPValue::LongLongInt(m.sequence),
     );
+    // Only on a re-publication: `x-outbox-attempt` starts again at 1 after an
+    // operator's redrive, and this tells consumers it is not a first delivery.
+    if m.redrives > 0 {
+        headers.insert(
+            "x-outbox-redriven".into(),
+            AMQPValue::LongLongInt(i64::from(m.redrives)),
+        );
+    }
     let mut props = BasicProperties::default()
         .with_message_id(m.id.as_str().into())
         .with_type(m.event_type.as_str().into())
@@ -247,5 +255,22 @@ mod tests {
                 Some(&AMQPValue::LongString(STORED.into()))
             );
         }
+    }
+
+    #[test]
+    fn a_redriven_event_says_so_and_a_first_delivery_does_not() {
+        let mut m = message(&[]);
+        m.attempt = 1;
+        assert_eq!(header(&properties(&m, None), "x-outbox-redriven"), None);
+        m.redrives = 2;
+        let props = properties(&m, None);
+        assert_eq!(
+            header(&props, "x-outbox-redriven"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        assert_eq!(
+            header(&props, "x-outbox-attempt"),
+            Some(&AMQPValue::LongLongInt(1))
+        );
     }
 }

@@ -14,7 +14,8 @@
 -- Closing that window would cost every claim a second statement and a
 -- transaction around the two.
 -- $1 batch size, $2 lease id, $3 lease duration, $4 worker id, $5 max attempts,
--- $6 byte budget of the batch, $7 largest event handed out at all (bytes).
+-- $6 byte budget of the batch, $7 largest event handed out at all (bytes),
+-- $8 largest event this client can receive (bytes, at most $7).
 --
 -- A row past max attempts is dead-lettered instead of handed out, so a worker
 -- that crashes on a poison message cannot loop on it forever. The previous lease
@@ -29,13 +30,14 @@
 -- unordered outbox. For an ordered one (`ordering=aggregate`, see
 -- `statements.rs`) they keep every row but its aggregate's head out, and every
 -- aggregate already under a live lease; fresh rows must also be at or below
--- $8, the seq up to which no transaction that could still insert a lower one
+-- $9, the seq up to which no transaction that could still insert a lower one
 -- is open (the commit-order guard, `guard.rs`). The lease row records the
 -- event's aggregate for an ordered outbox, NULL otherwise (lease_aggregate).
 WITH expired AS (
     SELECT o.id,
            0 AS part, l.locked_until AS after, o.seq,
            o.aggregate_id::text AS aggregate_id, o.event_type, o.headers, o.created_at,
+           o.redrives,
            o.payload::text AS payload_text,
            octet_length(o.headers::text) + octet_length(o.event_type)
                + octet_length(o.aggregate_id::text) AS other_bytes,
@@ -59,6 +61,7 @@ fresh AS (
     SELECT o.id,
            1 AS part, NULL::timestamptz AS after, o.seq,
            o.aggregate_id::text AS aggregate_id, o.event_type, o.headers, o.created_at,
+           o.redrives,
            o.payload::text AS payload_text,
            octet_length(o.headers::text) + octet_length(o.event_type)
                + octet_length(o.aggregate_id::text) AS other_bytes,
@@ -92,10 +95,13 @@ candidates AS (
 ),
 -- The batch is cut to its byte budget, in the order it was read: a prefix whose
 -- sizes sum to at most $6, or the first event alone when it is larger (up to
--- $7), so one big event never makes a response clients refuse. The payload is
+-- $8), so one big event never makes a response clients refuse. The payload is
 -- turned into text once, here, and returned as measured. An event over
--- $7 is dead-lettered on sight and takes no other event with it. (Windows
--- cannot share a SELECT with FOR UPDATE, hence this extra step.)
+-- $7 is dead-lettered on sight and takes no other event with it. An event
+-- over $8 but not $7 is too large for this client only: it is left as it is
+-- (no lease, no attempt used) for a client that can receive it, and comes
+-- back marked `too_large` so the server can say so. (Windows cannot share a
+-- SELECT with FOR UPDATE, hence this extra step.)
 measured AS (
     SELECT c.*, octet_length(c.payload_text) + c.other_bytes AS bytes
     FROM candidates AS c
@@ -103,16 +109,17 @@ measured AS (
 sized AS (
     SELECT c.*,
            c.bytes > $7 AS oversized,
-           sum(CASE WHEN c.bytes > $7 THEN 0 ELSE c.bytes + 64 END)
+           c.bytes > $8 AND c.bytes <= $7 AS too_large,
+           sum(CASE WHEN c.bytes > $8 THEN 0 ELSE c.bytes + 64 END)
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS running,
-           count(*) FILTER (WHERE c.bytes <= $7)
+           count(*) FILTER (WHERE c.bytes <= $8)
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS fitting
     FROM measured AS c
 ),
 chosen AS (
-    SELECT s.*, s.oversized OR s.delivered >= $5 AS dead
+    SELECT s.*, NOT s.too_large AND (s.oversized OR s.delivered >= $5) AS dead
     FROM sized AS s
-    WHERE s.oversized OR s.running <= $6 OR s.fitting = 1
+    WHERE s.oversized OR s.too_large OR s.running <= $6 OR s.fitting = 1
 ),
 renewed AS (
     UPDATE {leases} AS l
@@ -122,7 +129,7 @@ renewed AS (
         claimed_at   = now(),
         attempts     = c.delivered + 1
     FROM chosen AS c
-    WHERE l.id = c.id AND c.part = 0 AND NOT c.dead
+    WHERE l.id = c.id AND c.part = 0 AND NOT c.dead AND NOT c.too_large
     RETURNING l.id, l.attempts, l.locked_until
 ),
 -- A fresh row another claim leased after this statement's snapshot is left to
@@ -133,7 +140,7 @@ taken AS (
     SELECT c.id, $2::uuid, now() + $3::interval, $4::text, now(), c.delivered + 1,
            {lease_aggregate}
     FROM chosen AS c
-    WHERE c.part = 1 AND NOT c.dead
+    WHERE c.part = 1 AND NOT c.dead AND NOT c.too_large
     ON CONFLICT (id) DO NOTHING
     RETURNING l.id, l.attempts, l.locked_until
 ),
@@ -166,9 +173,12 @@ outcome AS (
 )
 -- Every chosen row comes back; `lost` marks a fresh one another claim leased
 -- first, so the caller can tell a batch cut short by a concurrent claim from a
--- table with nothing more to give.
+-- table with nothing more to give; `too_large` one left for another client.
 SELECT c.id,
-       r.id IS NULL AS lost,
+       r.id IS NULL AND NOT c.too_large AS lost,
+       c.too_large,
+       c.bytes::bigint AS bytes,
+       c.redrives,
        c.aggregate_id,
        c.event_type,
        c.payload_text AS payload,

@@ -3,7 +3,7 @@
 -- only an unexpired one says the event is held. $1 the event id.
 SELECT o.id, o.aggregate_id::text AS aggregate_id, o.event_type,
        o.payload::text AS payload, o.headers, o.created_at,
-       greatest(o.attempts, coalesce(l.attempts, 0)) AS attempts, o.seq,
+       greatest(o.attempts, coalesce(l.attempts, 0)) AS attempts, o.seq, o.redrives,
        o.last_error, o.available_at, o.published_at, o.dead_lettered_at, o.discarded_at,
        CASE WHEN l.locked_until > now() THEN l.locked_until END AS leased_until,
        CASE WHEN l.locked_until > now() THEN l.claimed_by END AS leased_by

@@ -17,4 +17,8 @@ ALTER TABLE {table}
     ADD COLUMN IF NOT EXISTS dead_lettered_at timestamptz,
     -- An operator gave the dead-lettered event up (OutboxAdmin.Discard): it is
     -- never delivered, and retention deletes it like a published one.
-    ADD COLUMN IF NOT EXISTS discarded_at     timestamptz
+    ADD COLUMN IF NOT EXISTS discarded_at     timestamptz,
+    -- How many times an operator redrove the event out of the dead letters:
+    -- `attempts` starts again at a redrive, so consumers learn from this (the
+    -- x-outbox-redriven header) that a publication is a re-publication.
+    ADD COLUMN IF NOT EXISTS redrives         integer     NOT NULL DEFAULT 0

@@ -212,11 +212,12 @@ mod tests {
             .iter()
             .map(|c| (c.name.as_str(), c.definition.as_str()))
             .collect();
-        assert_eq!(columns.len(), 12, "{columns:?}");
+        assert_eq!(columns.len(), 13, "{columns:?}");
         assert_eq!(columns[0], ("headers", "jsonb NOT NULL DEFAULT '{}'"));
         assert_eq!(columns[1], ("seq", "bigint GENERATED ALWAYS AS IDENTITY"));
         assert_eq!(columns[10], ("dead_lettered_at", "timestamptz"));
         assert_eq!(columns[11], ("discarded_at", "timestamptz"));
+        assert_eq!(columns[12], ("redrives", "integer NOT NULL DEFAULT 0"));
         let some: Vec<&Column> = service_columns().iter().skip(9).take(2).collect();
         assert_eq!(
             add_columns(&table(), &some),
