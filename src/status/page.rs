@@ -24,6 +24,10 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f0f0f0; font-weight: 600; }
 .muted { color: #666; } .when { color: #666; font-size: .9em; }
 .bad { background: #fde8e8; } .warn { background: #fff6d9; } .ok { background: #eaf7ea; }
+td.attention { font-weight: 700; border: 2px solid #1b1b1b; }
+td.attention.bad { background: #f4b4b4; } td.attention.warn { background: #ffe08a; }
+td.attention::before { content: '\\25B2\\00A0'; }
+td.last-error { max-width: 28em; overflow-wrap: anywhere; font-size: .9em; }
 .error { color: #a00; }
 code { font-size: .95em; }
 ";
@@ -69,7 +73,9 @@ fn outboxes(view: &View) -> Markup {
                 tr {
                     th { "Outbox" } th { "Table" } th { "Pending" } th { "In flight" }
                     th { "Oldest pending" } th { "Dead letters" } th { "Blocked keys" }
-                    th { "Oldest blocked" } th title="At the last gauge sample (--metrics-interval)" { "Commit-order hold" } th { "Read at" }
+                    th { "Oldest blocked" } th title="At the last gauge sample (--metrics-interval)" { "Commit-order hold" }
+                    th title="The newest dead letter's error, else the error of the pending event retried last" { "Last error" }
+                    th { "Read at" }
                 }
                 @for outbox in &view.outboxes {
                     (outbox_row(outbox))
@@ -87,8 +93,11 @@ fn outboxes(view: &View) -> Markup {
 
 fn outbox_row(outbox: &OutboxView) -> Markup {
     let name = outbox.spec.name.as_str();
-    let figure = |figure: &str, value: String, shown: String, class: &str| {
-        html! { td.n class=(class) data-outbox=(name) data-figure=(figure) data-value=(value) { (shown) } }
+    let figure = |figure: &str, value: String, shown: String, attention: Attention| {
+        html! {
+            td class=(attention.class()) data-outbox=(name) data-figure=(figure) data-value=(value)
+                data-attention=[attention.name()] { (shown) }
+        }
     };
     html! {
         tr data-outbox=(name) {
@@ -96,23 +105,97 @@ fn outbox_row(outbox: &OutboxView) -> Markup {
             td { code { (outbox.spec.table) } }
             @match &outbox.stats {
                 Ok(stats) => {
-                    (figure("pending", stats.pending.to_string(), stats.pending.to_string(), ""))
-                    (figure("in_flight", stats.in_flight.to_string(), stats.in_flight.to_string(), ""))
-                    (figure("oldest_pending_age", secs(stats.oldest_pending_age), age(stats.oldest_pending_age), ""))
-                    (figure("dead_lettered", stats.dead_lettered.to_string(), stats.dead_lettered.to_string(), flag(stats.dead_lettered > 0)))
-                    (figure("blocked_keys", stats.blocked_keys.to_string(), stats.blocked_keys.to_string(), flag(stats.blocked_keys > 0)))
-                    (figure("oldest_blocked_age", secs(stats.oldest_blocked_age), age(stats.oldest_blocked_age), ""))
+                    (figure("pending", stats.pending.to_string(), stats.pending.to_string(), Attention::None))
+                    (figure("in_flight", stats.in_flight.to_string(), stats.in_flight.to_string(), Attention::None))
+                    (figure("oldest_pending_age", secs(stats.oldest_pending_age), age(stats.oldest_pending_age), Attention::of_pending_age(stats.oldest_pending_age)))
+                    (figure("dead_lettered", stats.dead_lettered.to_string(), stats.dead_lettered.to_string(), Attention::bad_if(stats.dead_lettered > 0)))
+                    (figure("blocked_keys", stats.blocked_keys.to_string(), stats.blocked_keys.to_string(), Attention::bad_if(stats.blocked_keys > 0)))
+                    (figure("oldest_blocked_age", secs(stats.oldest_blocked_age), age(stats.oldest_blocked_age), Attention::bad_if(!stats.oldest_blocked_age.is_zero())))
                 }
                 Err(error) => td.error colspan="6" { "could not read: " (error) }
             }
-            (figure("commit_order_holdback", secs(outbox.holdback), holdback(outbox.holdback), ""))
+            (figure("commit_order_holdback", secs(outbox.holdback), holdback(outbox.holdback), Attention::of_holdback(outbox.holdback)))
+            @match &outbox.stats {
+                Ok(stats) => td.last-error data-outbox=(name) data-figure="last_error" {
+                    @match &stats.last_error {
+                        Some(error) => code { (shorten(error, LAST_ERROR_SHOWN)) },
+                        None => span.muted { "–" },
+                    }
+                },
+                Err(_) => td.muted { "–" },
+            }
             td.when data-outbox=(name) data-figure="read_at" { (timestamp(outbox.read_at)) }
         }
     }
 }
 
-fn flag(bad: bool) -> &'static str {
-    if bad { "bad" } else { "" }
+/// Characters of an outbox's last error shown on the page; `outboxctl
+/// dead-letters list` and `inspect` show it whole.
+const LAST_ERROR_SHOWN: usize = 300;
+
+/// The oldest pending event's age at which its cell asks for a look, and at
+/// which it is marked bad: the chart's `OutboxOldestPendingAgeHigh` fires at
+/// 5 minutes by default.
+const PENDING_AGE_WARN: Duration = Duration::from_secs(60);
+const PENDING_AGE_BAD: Duration = Duration::from_secs(300);
+
+/// Whether a figure needs someone's attention. Marked with a class (colour),
+/// bold type, a border and a sign before the value, so it still stands out
+/// printed in grey or to a reader who cannot tell the colours apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attention {
+    None,
+    Warn,
+    Bad,
+}
+
+impl Attention {
+    fn bad_if(bad: bool) -> Self {
+        if bad { Self::Bad } else { Self::None }
+    }
+
+    fn of_pending_age(age: Duration) -> Self {
+        if age >= PENDING_AGE_BAD {
+            Self::Bad
+        } else if age >= PENDING_AGE_WARN {
+            Self::Warn
+        } else {
+            Self::None
+        }
+    }
+
+    /// Holding new events back for a transaction open a minute is worth a look.
+    fn of_holdback(held: Duration) -> Self {
+        if held >= PENDING_AGE_WARN {
+            Self::Warn
+        } else {
+            Self::None
+        }
+    }
+
+    fn name(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Warn => Some("warn"),
+            Self::Bad => Some("bad"),
+        }
+    }
+
+    /// The figure cell's classes: numbers align right (`n`), and more.
+    fn class(self) -> &'static str {
+        match self {
+            Self::None => "n",
+            Self::Warn => "n attention warn",
+            Self::Bad => "n attention bad",
+        }
+    }
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
 }
 
 fn holdback(held: Duration) -> String {

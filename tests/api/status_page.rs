@@ -115,6 +115,17 @@ fn age(d: Option<&prost_types::Duration>) -> f64 {
     d.map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
 }
 
+/// The `data-attention` of one figure cell: `bad`, `warn`, or none.
+fn attention(dom: &str, outbox: &str, figure: &str) -> Option<String> {
+    dom.split('<')
+        .filter_map(|tag| tag.split_once('>').map(|(attrs, _)| attrs))
+        .find(|attrs| {
+            attr(attrs, "data-outbox").as_deref() == Some(outbox)
+                && attr(attrs, "data-figure").as_deref() == Some(figure)
+        })
+        .and_then(|attrs| attr(attrs, "data-attention"))
+}
+
 /// A figure the page shows, as a number.
 fn shown_value(figures: &BTreeMap<(String, String), String>, outbox: &str, figure: &str) -> f64 {
     figures
@@ -202,6 +213,13 @@ async fn the_page_in_a_browser_shows_what_get_stats_reads() {
     );
     assert_eq!(app.nack(dead("orders", &head)).await, [DEAD_LETTERED]);
 
+    // The default outbox's events are ten minutes old: past the 5-minute
+    // page that OutboxOldestPendingAgeHigh sends by default.
+    sqlx::query("UPDATE public.outbox SET created_at = now() - interval '10 minutes'")
+        .execute(app.pool())
+        .await
+        .expect("age the default outbox's events");
+
     // A session of the test's own holding the xmin horizon.
     let (holder, _) = open_transaction(&app.db, "status-page-holder").await;
     let shows_holder = async || get(&app, &[]).await.body.contains("status-page-holder");
@@ -248,6 +266,42 @@ async fn the_page_in_a_browser_shows_what_get_stats_reads() {
         shown_value(&figures, "", "xmin_horizon_age") > 0.0,
         "the open transaction holds the horizon"
     );
+    // What needs attention is marked (and what does not, is not); the last
+    // error is shown.
+    for (outbox, figure, expected) in [
+        ("default", "dead_lettered", Some("bad")),
+        ("default", "oldest_pending_age", Some("bad")),
+        ("default", "pending", None),
+        ("default", "in_flight", None),
+        ("default", "blocked_keys", None),
+        ("orders", "blocked_keys", Some("bad")),
+        ("orders", "oldest_blocked_age", Some("bad")),
+        ("orders", "dead_lettered", Some("bad")),
+        ("orders", "oldest_pending_age", None),
+    ] {
+        assert_eq!(
+            attention(&page, outbox, figure).as_deref(),
+            expected,
+            "{outbox} {figure}"
+        );
+    }
+    assert!(
+        page.contains("class=\"n attention bad\""),
+        "a class marks the cells (bold, bordered, a sign before the value)"
+    );
+    for outbox in ["default", "orders"] {
+        assert!(
+            page.contains(&format!(
+                "data-outbox=\"{outbox}\" data-figure=\"last_error\"><code>poison</code>"
+            )),
+            "{outbox}'s last error is shown:\n{page}"
+        );
+        assert_eq!(
+            app.stats_of(outbox).await.last_error,
+            "poison",
+            "GetStats has it too"
+        );
+    }
 
     let screenshot = artifact("status-page.png");
     let _ = std::fs::remove_file(&screenshot);
