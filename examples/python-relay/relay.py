@@ -1201,6 +1201,9 @@ class Worker:
             max_messages=self.settings.batch_size,
             lease_duration=to_duration(self.settings.lease),
             wait=to_duration(self.settings.wait),
+            # The channel's receive limit: outboxd never sends more, and leaves
+            # an event too large for it to a client that can take it.
+            max_response_bytes=MAX_RESPONSE_BYTES,
         )
 
     def relay(self, batch: pb.ClaimBatchResponse) -> None:
@@ -1216,19 +1219,21 @@ class Worker:
         """Waits for the publish outcome, calling ExtendLease every half lease meanwhile."""
         half = self.settings.lease / 2
         started = time.monotonic()
-        next_extend = started + half
+        next_extend: float | None = started + half
         give_up = started + self.settings.confirm_timeout + PUBLISH_GRACE
         while True:
             now = time.monotonic()
             if now >= give_up:
                 log.warning("publisher gave no outcome in time lease_id=%s", lease_id)
                 return []
+            until = give_up if next_extend is None else min(next_extend, give_up)
             try:
-                return future.result(timeout=max(0.0, min(next_extend, give_up) - now))
+                return future.result(timeout=max(0.0, until - now))
             except concurrent.futures.TimeoutError:
-                if time.monotonic() >= next_extend:
-                    self._extend(lease_id)
-                    next_extend += half
+                if next_extend is not None and time.monotonic() >= next_extend:
+                    # A lost lease is not extended again; the publish goes on and
+                    # its acks come back LEASE_LOST.
+                    next_extend = next_extend + half if self._extend(lease_id) else None
             except BrokerUnavailable as err:
                 return [failed(str(err))] * count
 
@@ -1281,17 +1286,24 @@ class Worker:
         if response is not None:
             self._report("ack", lease_id, len(ids), response.results)
 
-    def _extend(self, lease_id: str) -> None:
+    def _extend(self, lease_id: str) -> bool:
+        """Extends the whole lease; False once outboxd says it holds nothing (lost
+        to expiry and claimed by another worker): extending again is useless."""
         request = pb.ExtendLeaseRequest(outbox=self.settings.outbox, lease_id=lease_id,
                                         lease_duration=to_duration(self.settings.lease))
         try:
             response = self.leases.extend(request)
         except grpc.RpcError as err:
-            code, _ = rpc_error(err)
+            code, details = rpc_error(err)
+            if code is grpc.StatusCode.FAILED_PRECONDITION:
+                log.warning("lease lost while publishing: another worker holds the batch now lease_id=%s reason=%s",
+                            lease_id, details)
+                return False
             log.warning("could not extend lease; publishing on lease_id=%s code=%s",
                         lease_id, code.name if code else "?")
-            return
+            return True
         log.debug("lease extended while publishing lease_id=%s extended=%d", lease_id, len(response.results))
+        return True
 
     def _retry(self, call: Callable[[T], object], request: T, give_up: float) -> object | None:
         """Retries a settle call on transient errors until `give_up`."""

@@ -200,6 +200,30 @@ def test_a_slow_publish_gets_its_lease_extended() -> None:
     assert [list(a.message_ids) for a in leases.acks] == [["id-0"]]
 
 
+class LeaseLost(Unavailable):
+    """outboxd's answer to ExtendLease without ids of a lease that holds nothing."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.FAILED_PRECONDITION
+
+    def details(self) -> str:
+        return "lease lease-1 holds no messages: it expired and was claimed again, or never existed"
+
+
+class LosingLeases(FakeLeases):
+    def extend(self, request):
+        self.extends.append(request)
+        raise LeaseLost()
+
+
+def test_a_lost_lease_is_not_extended_again() -> None:
+    leases = LosingLeases()
+    # Lease 0.2 s: the first extension (at 0.1 s) says the lease is lost.
+    worker(leases, FakePublisher([CONFIRMED], delay=0.45), lease=0.2).relay(batch(1))
+    assert len(leases.extends) == 1
+    assert [list(a.message_ids) for a in leases.acks] == [["id-0"]], "the publish is still settled"
+
+
 def test_a_publisher_that_never_answers_releases_the_batch() -> None:
     leases = FakeLeases()
     publisher = FakePublisher([CONFIRMED], delay=30)
@@ -224,6 +248,7 @@ def test_run_claims_until_stopped_and_settles_what_it_claimed() -> None:
     request = leases.claims[0]
     assert (request.outbox, request.worker_id, request.max_messages) == ("orders", "w-1", 10)
     assert request.lease_duration.seconds == 30 and request.wait.seconds == 5
+    assert request.max_response_bytes == relay.MAX_RESPONSE_BYTES, "the channel's receive limit"
 
 
 # ---- acks carried by the next claim ----------------------------------------
