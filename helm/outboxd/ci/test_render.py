@@ -779,6 +779,7 @@ def test_tls_from_cert_manager_with_client_certificates(render):
 
 @pytest.mark.parametrize("values, reason", [
     ({"tls": {"enabled": True, "certManager": {"enabled": True}}}, "issuerRef.name"),
+    ({"tls": {"clientCA": True}}, "tls.clientCA needs a CA"),
     ({"tls": {"enabled": True, "existingSecret": "t", "clientCA": True},
       "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}}, "relay.tls.clientCertSecret"),
     ({"auth": {"tokensSecret": "t"}, "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}},
@@ -869,7 +870,7 @@ def test_the_generated_certificate_covers_the_headless_service(render):
 def test_the_generated_certificate_is_kept_across_upgrades():
     """An upgrade finds the release's Secret (Helm's lookup) and keeps its CA,
     certificate and key, so relays keep trusting outboxd; an install without one
-    makes a new CA, and a Secret missing a key is made again whole."""
+    makes a new CA, and so do other Service names and a Secret missing a key."""
     values = {**OPEN, "relay": RELAY_ON}
     with helmkit.fake_api() as kubeconfig:
         first = Rendered(helmkit.render(CHART, values, kubeconfig), _merged(values))
@@ -884,6 +885,13 @@ def test_the_generated_certificate_is_kept_across_upgrades():
     assert (upgraded.relay()["spec"]["template"]["metadata"]["annotations"][checksum]
             == first.relay()["spec"]["template"]["metadata"]["annotations"][checksum]), \
         "the same CA does not restart the relays"
+    # Turning the headless Service on changes the names: a certificate for them.
+    headless = {**values, "headlessService": {"enabled": True}}
+    with helmkit.fake_api([helmkit.owned_by(copy.deepcopy(installed))]) as kubeconfig:
+        renamed = Rendered(helmkit.render(CHART, headless, kubeconfig), _merged(headless))
+    assert _generated(renamed)["data"]["ca.crt"] != installed["data"]["ca.crt"]
+    assert "outboxd-headless.outboxd-test.svc" in _generated(renamed)["metadata"]["annotations"][
+        "outboxd.io/dns-names"].split(",")
     broken = helmkit.owned_by(copy.deepcopy(installed))
     del broken["data"]["tls.key"]
     with helmkit.fake_api([broken]) as kubeconfig:

@@ -357,32 +357,42 @@ headless Service's too when it is on. */}}
 {{- end }}
 
 {{/*
-The generated certificate as JSON {"ca.crt", "tls.crt", "tls.key"}, each base64 as
-a Secret's data holds it. An upgrade finds the Secret of the release before
-(Helm's lookup) and keeps what it holds, so certificate and CA stay the same and
-relays keep trusting them; only a first install (or a Secret deleted by hand)
-makes new ones: an ECDSA P-256 CA and a certificate it signs for the Service's
-names. Made once per render and kept in .Values.tls, so the Secret and the
-relay's checksum of the CA see the same one.
+The generated certificate as JSON {"ca.crt", "tls.crt", "tls.key", "names"}: the
+first three base64 as a Secret's data holds them, "names" the DNS names it was
+made for. An upgrade finds the Secret of the release before (Helm's lookup) and
+keeps what it holds, so certificate and CA stay the same and relays keep
+trusting them; only a first install, a Secret deleted by hand or a change of the
+Service's names (the headless Service turned on) makes new ones: an ECDSA P-256
+CA and a certificate it signs for the names. The CA's key is not kept, so
+nothing else can be signed with it. Made once per render and kept in
+.Values.tls, so the Secret and the relay's checksum of the CA see the same one.
 */}}
 {{- define "outboxd.generatedTLS" -}}
 {{- $t := .Values.tls }}
 {{- if not (hasKey $t "outboxdGenerated") }}
+{{- if $t.clientCA }}
+{{- fail "tls.clientCA needs a CA that signs the clients' certificates, which a certificate the chart generates has not (its CA's key is not kept): use tls.certManager or tls.existingSecret with it" }}
+{{- end }}
+{{- $names := include "outboxd.serviceDNSNames" . | fromJsonArray }}
 {{- $found := lookup "v1" "Secret" .Release.Namespace (include "outboxd.tlsSecretName" .) }}
 {{- $old := dict }}
 {{- if $found }}
 {{- $old = $found.data | default dict }}
+{{- $made := index ($found.metadata.annotations | default dict) "outboxd.io/dns-names" | default "" }}
+{{- if ne $made (join "," $names) }}
+{{- $old = dict }}
+{{- end }}
 {{- end }}
 {{- $data := dict }}
 {{- if and (index $old "ca.crt") (index $old "tls.crt") (index $old "tls.key") }}
 {{- $data = dict "ca.crt" (index $old "ca.crt") "tls.crt" (index $old "tls.crt") "tls.key" (index $old "tls.key") }}
 {{- else }}
 {{- $days := int $t.generated.validityDays }}
-{{- $names := include "outboxd.serviceDNSNames" . | fromJsonArray }}
 {{- $ca := genCAWithKey (printf "%s CA" (include "outboxd.fullname" .)) $days (genPrivateKey "ecdsa") }}
 {{- $cert := genSignedCertWithKey (first $names) nil $names $days $ca (genPrivateKey "ecdsa") }}
 {{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
 {{- end }}
+{{- $_ := set $data "names" (join "," $names) }}
 {{- $_ := set $t "outboxdGenerated" $data }}
 {{- end }}
 {{- toJson (get $t "outboxdGenerated") }}
