@@ -321,7 +321,7 @@ async fn outboxd_serves_with_no_migrate_under_the_documented_runtime_role() {
     let head = produce(&db, "public.orders_outbox", "order-1").await;
     let next = produce(&db, "public.orders_outbox", "order-1").await;
     let first = app.claim_from("orders", "w", 10, secs(30), secs(10)).await;
-    assert_eq!(ids(&first), [head.clone()], "the head alone");
+    assert_eq!(ids(&first), std::slice::from_ref(&head), "the head alone");
     let poison = NackRequest {
         outbox: "orders".into(),
         lease_id: first.lease_id.clone(),
@@ -348,7 +348,7 @@ async fn outboxd_serves_with_no_migrate_under_the_documented_runtime_role() {
     assert_eq!(app.redrive(redrive).await, 1);
     for expected in [head, next] {
         let batch = app.claim_from("orders", "w", 10, secs(30), secs(10)).await;
-        assert_eq!(ids(&batch), [expected.clone()], "in order");
+        assert_eq!(ids(&batch), std::slice::from_ref(&expected), "in order");
         assert_eq!(
             app.ack_in("orders", &batch.lease_id, &[expected]).await,
             [OK]
