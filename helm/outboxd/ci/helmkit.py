@@ -9,6 +9,11 @@ Helm loads the chart, merges the values, validates them against
 values.schema.json, renders every template, sorts out hooks and NOTES, stores the
 release, and only then fails at its first write. `Status` then returns exactly
 what Helm rendered (manifest, hooks, notes). Nothing leaves this machine.
+
+`fake_api(existing=[...])` makes the stand-in answer with those objects, as a
+cluster holding an earlier release would: what a template's `lookup` finds on an
+upgrade. Give them Helm's ownership labels and annotations (`owned_by`), or Helm
+refuses to install over them.
 """
 
 from __future__ import annotations
@@ -89,7 +94,28 @@ def _discovery(path: str) -> dict[str, Any] | None:
     return None
 
 
+def _object_path(obj: dict[str, Any]) -> str:
+    """Where the API serves `obj`: /api/v1/namespaces/NS/PLURAL/NAME (or /apis/GROUP/...)."""
+    gv, kind = obj["apiVersion"], obj["kind"]
+    plural = next(name for name, k in _RESOURCES[gv] if k == kind)
+    root = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+    meta = obj["metadata"]
+    return f"{root}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+
+
+def owned_by(obj: dict[str, Any], release: str = "outboxd", namespace: str = "outboxd-test") -> dict[str, Any]:
+    """`obj` with the labels and annotations Helm puts on what a release created."""
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("namespace", namespace)
+    meta.setdefault("labels", {})["app.kubernetes.io/managed-by"] = "Helm"
+    meta.setdefault("annotations", {}).update(
+        {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace})
+    return obj
+
+
 class _ReadOnlyAPI(BaseHTTPRequestHandler):
+    server: "_Server"
+
     def log_message(self, *args: Any) -> None:  # quiet
         pass
 
@@ -115,8 +141,11 @@ class _ReadOnlyAPI(BaseHTTPRequestHandler):
         found = _discovery(path)
         if found is not None:
             return self._reply(200, found)
+        if path in self.server.objects:
+            return self._reply(200, self.server.objects[path])
         if path.rsplit("/", 1)[-1] in {name for items in _RESOURCES.values() for name, _ in items}:
-            return self._reply(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
+            items = [o for p, o in self.server.objects.items() if p.rsplit("/", 1)[0] == path]
+            return self._reply(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
         return self._status(404, "NotFound", "render-only API: nothing exists")
 
     def _refuse(self) -> None:
@@ -131,12 +160,16 @@ class _Server(ThreadingHTTPServer):
     # connection attempts, which then wait a second for a SYN retransmit.
     request_queue_size = 128
     daemon_threads = True
+    # What exists already, by the path the API serves it at.
+    objects: dict[str, dict[str, Any]] = {}
 
 
 @contextmanager
-def fake_api() -> Iterator[str]:
-    """A read-only Kubernetes API stand-in on loopback; yields a kubeconfig YAML."""
+def fake_api(existing: list[dict[str, Any]] | None = None) -> Iterator[str]:
+    """A read-only Kubernetes API stand-in on loopback that holds `existing` (and
+    nothing else); yields a kubeconfig YAML."""
     server = _Server(("127.0.0.1", 0), _ReadOnlyAPI)
+    server.objects = {_object_path(o): o for o in existing or []}
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -3,6 +3,9 @@ how it renders without a cluster). Run through scripts/check-helm."""
 
 from __future__ import annotations
 
+import base64
+import copy
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -10,6 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 import helmkit
 import values_doc
@@ -99,6 +105,11 @@ class Rendered:
 
     def configmap(self) -> dict:
         return self.one("ConfigMap", "server")
+
+    def secrets(self, type_: str) -> list[dict]:
+        """The chart's own Secrets of one type: Opaque (the inline database URL) or
+        kubernetes.io/tls (the generated certificate)."""
+        return [d for d in self.of("Secret") if d.get("type") == type_]
 
 
 def _values_for(variant: str) -> dict[str, Any]:
@@ -241,10 +252,17 @@ def test_env_vars_are_ones_the_binaries_read(variant):
 
 
 def test_database_url_comes_from_a_secret(variant):
-    for doc in [variant.server()] + ([variant.job()] if variant.job() else []):
-        ref = _env(_containers(doc)[0])["DATABASE_URL"]
+    database = variant.values["database"]
+    ref = _env(_containers(variant.server())[0])["DATABASE_URL"]
+    assert set(ref) == {"secretKeyRef"}
+    assert ref["secretKeyRef"]["key"] == database["existingSecretKey"]
+    if variant.job():
+        ref = _env(_containers(variant.job())[0])["DATABASE_URL"]
         assert set(ref) == {"secretKeyRef"}
-        assert ref["secretKeyRef"]["key"] == variant.values["database"]["existingSecretKey"]
+        own = database["migrations"]["existingSecret"]
+        assert ref["secretKeyRef"]["name"] == (own or database["existingSecret"])
+        key = database["migrations"]["existingSecretKey"] if own else ""
+        assert ref["secretKeyRef"]["key"] == (key or database["existingSecretKey"])
 
 
 def test_migration_hook_only_with_an_existing_secret(variant):
@@ -254,7 +272,7 @@ def test_migration_hook_only_with_an_existing_secret(variant):
     if inline:
         assert job is None, "a chart-created Secret does not exist at pre-install time"
         assert no_migrate is None, "with an inline URL the pods migrate on start"
-        secret = variant.one("Secret")
+        [secret] = variant.secrets("Opaque")
         assert HOOK not in secret["metadata"].get("annotations", {})
     else:
         assert job is not None
@@ -266,7 +284,7 @@ def test_migration_hook_only_with_an_existing_secret(variant):
         assert container["args"] == ["migrate"]
         assert _env(container)["OUTBOXD_OUTBOXES"] == variant.configmap()["data"]["OUTBOXD_OUTBOXES"]
         assert no_migrate == "true"
-        assert not variant.of("Secret"), "no chart-created Secret next to an existing one"
+        assert not variant.secrets("Opaque"), "no chart-created Secret next to an existing one"
     # Nothing else is a hook except the test pod.
     for doc in variant.docs:
         assert HOOK not in (doc["metadata"].get("annotations") or {}), doc["metadata"]["name"]
@@ -541,7 +559,7 @@ def test_config_change_rolls_the_pods(render):
 
 def test_inline_url_is_dev_only_secret(render):
     r = render("dev-inline-url-values.yaml")
-    secret = r.one("Secret")
+    [secret] = r.secrets("Opaque")
     assert secret["stringData"] == {"database-url": "postgres://outboxd:devpassword@postgres.dev.svc:5432/outboxd"}
     assert "WARNING" in r.notes
     annotations = r.server()["spec"]["template"]["metadata"]["annotations"]
@@ -554,6 +572,39 @@ def test_existing_service_account_runs_the_job(render):
     assert not r.of("ServiceAccount")
     # With a chart-created account the Job cannot use it at pre-install time.
     assert "serviceAccountName" not in _pod_spec(render("default").job())
+
+
+def test_migrations_use_a_role_of_their_own(render):
+    """database.migrations.existingSecret: the hook Job connects as the DDL role,
+    the pods as the runtime role of database.existingSecret."""
+    r = render({"database": {"existingSecret": "outboxd-runtime",
+                             "migrations": {"existingSecret": "outboxd-migrator"}}})
+    job_ref = _env(_containers(r.job())[0])["DATABASE_URL"]["secretKeyRef"]
+    assert job_ref == {"name": "outboxd-migrator", "key": "database-url"}
+    pod_ref = _env(_containers(r.server())[0])["DATABASE_URL"]["secretKeyRef"]
+    assert pod_ref == {"name": "outboxd-runtime", "key": "database-url"}
+    assert r.configmap()["data"]["OUTBOXD_NO_MIGRATE"] == "true", "the pods never migrate"
+    keyed = render({"database": {"existingSecret": "outboxd-runtime", "existingSecretKey": "url",
+                                 "migrations": {"existingSecret": "outboxd-migrator", "existingSecretKey": "ddl"}}})
+    assert _env(_containers(keyed.job())[0])["DATABASE_URL"]["secretKeyRef"] == {
+        "name": "outboxd-migrator", "key": "ddl"}
+    assert _env(_containers(keyed.server())[0])["DATABASE_URL"]["secretKeyRef"] == {
+        "name": "outboxd-runtime", "key": "url"}
+    # Without it, one Secret serves both, as before.
+    shared = render("default")
+    assert (_env(_containers(shared.job())[0])["DATABASE_URL"]
+            == _env(_containers(shared.server())[0])["DATABASE_URL"])
+
+
+@pytest.mark.parametrize("values", [
+    {"migrations": {"mode": "onStart"}},
+    {"migrations": {"mode": "none"}},
+    {"database": {"url": "postgres://u:p@db/x"}},
+])
+def test_a_migrations_role_without_a_job_is_refused(render, values):
+    values = helmkit._deep_merge(values, {"database": {"migrations": {"existingSecret": "ddl"}}})
+    with pytest.raises(helmkit.RenderError, match="database.migrations.existingSecret"):
+        render(values)
 
 
 def test_migration_modes(render):
@@ -671,6 +722,7 @@ def test_tls_from_a_secret(render):
     mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
     assert mount["readOnly"] is True and "subPath" not in mount
     assert not r.of("Certificate")
+    assert not r.secrets("kubernetes.io/tls"), "a given Secret: the chart makes no certificate"
     service = next(s for s in r.of("Service") if s["metadata"]["name"] == r.server()["metadata"]["name"])
     health = next(p for p in service["spec"]["ports"] if p["name"] == "health")
     assert health["targetPort"] == "health"
@@ -709,6 +761,12 @@ def test_tls_from_cert_manager_with_client_certificates(render):
     assert env["OUTBOXD_AUTH_TOKENS"] == "/etc/outboxd/auth/tokens.txt"
     volumes = {v["name"]: v for v in _pod_spec(r.server())["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == f"{name}-tls"
+    assert not r.secrets("kubernetes.io/tls"), "cert-manager writes the Secret, not the chart"
+    # The relay trusts the CA in the Secret cert-manager writes.
+    relay_volumes = {v["name"]: v for v in _pod_spec(r.relay())["volumes"]}
+    assert relay_volumes["ca"]["secret"] == {"secretName": f"{name}-tls", "defaultMode": 0o440,
+                                             "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert "checksum/tls-ca" not in r.relay()["spec"]["template"]["metadata"]["annotations"]
     relay_env = _env(_containers(r.relay())[0])
     assert relay_env["OUTBOX_RELAY_TLS_CERT"] == "/etc/outbox-relay/client/tls.crt"
     assert relay_env["OUTBOX_RELAY_TLS_KEY"] == "/etc/outbox-relay/client/tls.key"
@@ -720,19 +778,221 @@ def test_tls_from_cert_manager_with_client_certificates(render):
 
 
 @pytest.mark.parametrize("values, reason", [
-    ({"tls": {"enabled": True}}, "tls.existingSecret"),
     ({"tls": {"enabled": True, "certManager": {"enabled": True}}}, "issuerRef.name"),
+    ({"tls": {"clientCA": True}}, "tls.clientCA needs a CA"),
     ({"tls": {"enabled": True, "existingSecret": "t", "clientCA": True},
       "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}}, "relay.tls.clientCertSecret"),
     ({"auth": {"tokensSecret": "t"}, "relay": {"enabled": True, "amqp": {"existingSecret": "a"}}},
      "relay.tokenSecret"),
-    ({"relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "server": "https://o:1"}}, "relay.tls.caSecret"),
-    ({"relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "tls": {"clientCertSecret": "c"}}},
+    ({"tls": {"enabled": False},
+      "relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "server": "https://o:1"}}, "relay.tls.caSecret"),
+    ({"tls": {"enabled": False},
+      "relay": {"enabled": True, "amqp": {"existingSecret": "a"}, "tls": {"clientCertSecret": "c"}}},
      "needs TLS"),
 ])
 def test_tls_and_auth_mistakes_are_refused(render, values, reason):
     with pytest.raises(helmkit.RenderError, match=reason):
         render(values)
+
+
+# --- TLS by default: the generated certificate ---------------------------------
+
+RELAY_ON = {"enabled": True, "amqp": {"existingSecret": "rabbitmq-url"}}
+
+
+def _pem(secret: dict, key: str) -> bytes:
+    return base64.b64decode(secret["data"][key])
+
+
+def _generated(r: Rendered) -> dict:
+    [secret] = r.secrets("kubernetes.io/tls")
+    return secret
+
+
+def test_tls_is_on_by_default_with_a_certificate_the_chart_generates(render):
+    """No TLS value given: outboxd serves TLS with a CA and certificate the chart
+    made (ECDSA, for the Service's names), the probes use the plaintext health
+    port, and the chart's relay connects with https:// trusting that CA alone."""
+    r = render({"relay": RELAY_ON})
+    name = r.server()["metadata"]["name"]
+    secret = _generated(r)
+    assert secret["metadata"]["name"] == f"{name}-tls"
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    ca = x509.load_pem_x509_certificate(_pem(secret, "ca.crt"))
+    cert = x509.load_pem_x509_certificate(_pem(secret, "tls.crt"))
+    key = serialization.load_pem_private_key(_pem(secret, "tls.key"), password=None)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    cert.verify_directly_issued_by(ca)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers(), "the key is the certificate's"
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    ns = "outboxd-test"
+    assert names == [name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"]
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usages
+    days = (cert.not_valid_after_utc - cert.not_valid_before_utc).days
+    assert days >= r.values["tls"]["generated"]["validityDays"] - 1
+    # outboxd serves TLS from it, and the probes use the plaintext health port.
+    container = _containers(r.server())[0]
+    env = _env(container)
+    assert (env["OUTBOXD_TLS_CERT"], env["OUTBOXD_TLS_KEY"]) == ("/etc/outboxd/tls/tls.crt", "/etc/outboxd/tls/tls.key")
+    assert env["OUTBOXD_HEALTH_LISTEN"] == "0.0.0.0:50052"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["grpc"]["port"] == 50052, probe
+    volumes = {v["name"]: v for v in _pod_spec(r.server())["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == f"{name}-tls"
+    status = next(p for p in r.one("Service", "server")["spec"]["ports"] if p["name"] == "status")
+    assert status["appProtocol"] == "https"
+    # The relay: https://, the generated CA alone (never the server's key), and a
+    # checksum of that CA, so a new one restarts it.
+    relay = r.relay()
+    relay_env = _env(_containers(relay)[0])
+    assert relay_env["OUTBOX_SERVER"] == f"https://{name}.{ns}.svc:50051"
+    assert relay_env["OUTBOX_RELAY_TLS_CA"] == "/etc/outbox-relay/ca/ca.crt"
+    relay_volumes = {v["name"]: v for v in _pod_spec(relay)["volumes"]}
+    assert relay_volumes["ca"]["secret"]["secretName"] == f"{name}-tls"
+    assert relay_volumes["ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    annotations = relay["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/tls-ca"] == hashlib.sha256(secret["data"]["ca.crt"].encode()).hexdigest()
+    # The relay's server name is one the certificate holds.
+    assert relay_env["OUTBOX_SERVER"].removeprefix("https://").rsplit(":", 1)[0] in names
+    assert "https://" in r.notes and "ca.crt" in r.notes
+
+
+def test_the_generated_certificate_covers_the_headless_service(render):
+    cert = x509.load_pem_x509_certificate(_pem(_generated(render({"headlessService": {"enabled": True}})), "tls.crt"))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    assert "outboxd-headless.outboxd-test.svc" in names and "outboxd.outboxd-test.svc" in names
+
+
+def test_the_generated_certificate_is_kept_across_upgrades():
+    """An upgrade finds the release's Secret (Helm's lookup) and keeps its CA,
+    certificate and key, so relays keep trusting outboxd; an install without one
+    makes a new CA, and so do other Service names and a Secret missing a key."""
+    values = {**OPEN, "relay": RELAY_ON}
+    with helmkit.fake_api() as kubeconfig:
+        first = Rendered(helmkit.render(CHART, values, kubeconfig), _merged(values))
+        again = Rendered(helmkit.render(CHART, values, kubeconfig), _merged(values))
+    installed = _generated(first)
+    assert _generated(again)["data"] != installed["data"], "nothing to look up: a new CA each install"
+    existing = helmkit.owned_by(copy.deepcopy(installed))
+    with helmkit.fake_api([existing]) as kubeconfig:
+        upgraded = Rendered(helmkit.render(CHART, values, kubeconfig), _merged(values))
+    assert _generated(upgraded)["data"] == installed["data"], "kept across the upgrade"
+    checksum = "checksum/tls-ca"
+    assert (upgraded.relay()["spec"]["template"]["metadata"]["annotations"][checksum]
+            == first.relay()["spec"]["template"]["metadata"]["annotations"][checksum]), \
+        "the same CA does not restart the relays"
+    # Turning the headless Service on changes the names: a certificate for them.
+    headless = {**values, "headlessService": {"enabled": True}}
+    with helmkit.fake_api([helmkit.owned_by(copy.deepcopy(installed))]) as kubeconfig:
+        renamed = Rendered(helmkit.render(CHART, headless, kubeconfig), _merged(headless))
+    assert _generated(renamed)["data"]["ca.crt"] != installed["data"]["ca.crt"]
+    assert "outboxd-headless.outboxd-test.svc" in _generated(renamed)["metadata"]["annotations"][
+        "outboxd.io/dns-names"].split(",")
+    broken = helmkit.owned_by(copy.deepcopy(installed))
+    del broken["data"]["tls.key"]
+    with helmkit.fake_api([broken]) as kubeconfig:
+        remade = Rendered(helmkit.render(CHART, values, kubeconfig), _merged(values))
+    data = _generated(remade)["data"]
+    assert set(data) == {"ca.crt", "tls.crt", "tls.key"}
+    assert data["ca.crt"] != installed["data"]["ca.crt"], "made again, all three together"
+    x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"])).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"])))
+
+
+def test_tls_from_cert_manager_or_a_given_secret_generates_nothing(render):
+    managed = render({"tls": {"certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}, "relay": RELAY_ON})
+    name = managed.server()["metadata"]["name"]
+    assert managed.one("Certificate")["spec"]["secretName"] == f"{name}-tls"
+    assert not managed.secrets("kubernetes.io/tls")
+    assert _env(_containers(managed.relay())[0])["OUTBOX_SERVER"].startswith("https://")
+    given = render({"tls": {"existingSecret": "my-tls"}, "relay": RELAY_ON})
+    assert not given.secrets("kubernetes.io/tls") and not given.of("Certificate")
+    assert {v["name"]: v for v in _pod_spec(given.server())["volumes"]}["tls"]["secret"]["secretName"] == "my-tls"
+    assert {v["name"]: v for v in _pod_spec(given.relay())["volumes"]}["ca"]["secret"]["secretName"] == "my-tls"
+
+
+def test_plaintext_only_when_tls_is_turned_off(render):
+    r = render({"tls": {"enabled": False}, "relay": RELAY_ON})
+    assert not r.secrets("kubernetes.io/tls") and not r.of("Certificate")
+    container = _containers(r.server())[0]
+    env = _env(container)
+    assert not {n for n in env if n.startswith("OUTBOXD_TLS_")}
+    assert "OUTBOXD_HEALTH_LISTEN" not in env
+    assert all(p["name"] != "health" for p in container["ports"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["grpc"]["port"] == 50051, probe
+    assert all(v["name"] != "tls" for v in _pod_spec(r.server())["volumes"])
+    relay_env = _env(_containers(r.relay())[0])
+    assert relay_env["OUTBOX_SERVER"].startswith("http://") and "OUTBOX_RELAY_TLS_CA" not in relay_env
+    assert all(v["name"] != "ca" for v in _pod_spec(r.relay())["volumes"])
+    status = next(p for p in r.one("Service", "server")["spec"]["ports"] if p["name"] == "status")
+    assert status["appProtocol"] == "http"
+    assert "plaintext" in r.notes
+
+
+# --- NetworkPolicy by default ----------------------------------------------------
+
+def _server_policy(r: Rendered) -> dict:
+    return next(p for p in r.of("NetworkPolicy") if p["metadata"]["name"] == r.server()["metadata"]["name"])
+
+
+def _ingress_from(policy: dict, port: str) -> list[dict]:
+    return [peer for rule in policy["spec"]["ingress"] if {"port": port, "protocol": "TCP"} in rule.get("ports", [])
+            for peer in rule.get("from", [{"anyone": True}])]
+
+
+def test_network_policy_is_on_by_default_and_follows_its_values(render):
+    """On without a word: the API port and the status page from this release's
+    relay and test pods, the release namespace and the labelled namespaces; the
+    plaintext metrics port from Prometheus in the monitoring namespace only;
+    egress left alone until asked for."""
+    r = render("default")
+    policy = _server_policy(r)
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    own = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "outboxd"},
+                           "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                                 "values": ["relay", "test"]}]}}
+    namespace = {"podSelector": {}}
+    labelled = {"namespaceSelector": {"matchLabels": {"outboxd.io/client": "true"}}, "podSelector": {}}
+    for port in ("grpc", "status"):
+        assert _ingress_from(policy, port) == [own, namespace, labelled], port
+    assert _ingress_from(policy, "metrics") == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert _ingress_from(policy, "health") == [{"anyone": True}], "the kubelet's probes"
+    # The values reach the policy.
+    custom = _server_policy(render({"networkPolicy": {"ingress": {
+        "grpcFromReleaseNamespace": False,
+        "grpcNamespaceSelector": {"matchLabels": {"outboxd.io/client": None, "team": "orders"}},
+        "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+        "metricsPodSelector": {"matchLabels": None}}}}))
+    assert _ingress_from(custom, "grpc") == [
+        own, {"namespaceSelector": {"matchLabels": {"team": "orders"}}, "podSelector": {}}]
+    assert _ingress_from(custom, "metrics") == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}, "podSelector": {}}]
+    limited = render({"networkPolicy": {"egress": {"enabled": True}}, "relay": RELAY_ON})
+    for p in limited.of("NetworkPolicy"):
+        assert p["spec"]["policyTypes"] == ["Ingress", "Egress"] and p["spec"]["egress"], p["metadata"]["name"]
+    relay_policy = next(p for p in render({"relay": RELAY_ON}).of("NetworkPolicy")
+                        if p["metadata"]["name"].endswith("-relay"))
+    assert relay_policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in relay_policy["spec"]
+    assert not render({"networkPolicy": {"enabled": False}}).of("NetworkPolicy")
+
+
+def test_metrics_listen_is_set_explicitly_for_prometheus(render):
+    """outboxd's own default may keep metrics on loopback; the chart always binds
+    every address on the metrics container port, which the Service targets."""
+    for values, port in [("default", 9090), ({"containerPorts": {"metrics": 9100}}, 9100)]:
+        r = render(values)
+        assert r.configmap()["data"]["OUTBOXD_METRICS_LISTEN"] == f"0.0.0.0:{port}"
+        container = _containers(r.server())[0]
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+        metrics = next(p for p in r.one("Service", "server")["spec"]["ports"] if p["name"] == "metrics")
+        assert metrics["targetPort"] == "metrics"
 
 
 # --- alerts and dashboard -----------------------------------------------------

@@ -98,20 +98,28 @@ Database and migrations.
 {{- end }}
 {{- end }}
 
-{{/* The effective migration mode: job, onStart or none. */}}
+{{/* The effective migration mode: job, onStart or none. A DDL role of its own
+(database.migrations.existingSecret) is for the Job alone: without a Job the pods
+would migrate as the runtime role, or nobody would use it. */}}
 {{- define "outboxd.migrationMode" -}}
 {{- $mode := .Values.migrations.mode }}
+{{- $effective := "" }}
 {{- if eq $mode "auto" }}
-{{- if .Values.database.url }}onStart{{ else }}job{{ end }}
+{{- $effective = ternary "onStart" "job" (ne .Values.database.url "") }}
 {{- else if eq $mode "job" }}
 {{- if .Values.database.url }}
 {{- fail "migrations.mode=job needs database.existingSecret: a chart-created Secret (database.url) does not exist yet when the pre-install hook runs. Use mode auto or onStart with database.url." }}
-{{- end }}job
+{{- end }}
+{{- $effective = "job" }}
 {{- else if has $mode (list "onStart" "none") }}
-{{- $mode }}
+{{- $effective = $mode }}
 {{- else }}
 {{- fail (printf "migrations.mode must be auto, job, onStart or none, not %q" $mode) }}
 {{- end }}
+{{- if and .Values.database.migrations.existingSecret (ne $effective "job") }}
+{{- fail (printf "database.migrations.existingSecret is the migration Job's role, but no Job runs here (migrations.mode %s%s): the pods would migrate as their own role, or nothing would use it. Use database.existingSecret with migrations.mode auto or job, or leave database.migrations.existingSecret empty" $mode (ternary " with database.url" "" (ne .Values.database.url ""))) }}
+{{- end }}
+{{- $effective }}
 {{- end }}
 
 {{/*
@@ -275,6 +283,21 @@ ordering=aggregate (exit 64), so say so at install instead. */}}
       key: {{ .Values.database.existingSecretKey }}
 {{- end }}
 
+{{/* The migration Job's DATABASE_URL: the DDL role's Secret when
+database.migrations.existingSecret is given, else the pods' own. */}}
+{{- define "outboxd.migrationsDatabaseEnv" -}}
+{{- $m := .Values.database.migrations }}
+{{- if $m.existingSecret }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $m.existingSecret }}
+      key: {{ default .Values.database.existingSecretKey $m.existingSecretKey }}
+{{- else }}
+{{- include "outboxd.databaseEnv" . }}
+{{- end }}
+{{- end }}
+
 {{/* Spread constraints with labelSelector filled in; takes (list $constraints $selectorLabelsYaml). */}}
 {{- define "outboxd.topologySpread" -}}
 {{- $selector := index . 1 | fromYaml }}
@@ -303,14 +326,76 @@ ordering=aggregate (exit 64), so say so at install instead. */}}
 {{- default (printf "%s://%s.%s.svc:%d" $scheme (include "outboxd.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.relay.server }}
 {{- end }}
 
-{{/* The Secret holding outboxd's certificate: tls.existingSecret, or what cert-manager writes. */}}
+{{/* The Secret holding outboxd's certificate: tls.existingSecret, or FULLNAME-tls,
+which cert-manager writes or, without it, the chart generates. */}}
 {{- define "outboxd.tlsSecretName" -}}
-{{- $t := .Values.tls }}
-{{- if $t.certManager.enabled }}
-{{- default (include "outboxd.suffixed" (list . "tls")) $t.existingSecret }}
-{{- else }}
-{{- required "tls.existingSecret (a kubernetes.io/tls Secret with tls.crt and tls.key) is required when tls.enabled, unless tls.certManager.enabled" $t.existingSecret }}
+{{- default (include "outboxd.suffixed" (list . "tls")) .Values.tls.existingSecret }}
 {{- end }}
+
+{{/* "true" when the chart makes the certificate itself: TLS on, from neither
+cert-manager nor a given Secret. */}}
+{{- define "outboxd.tlsGenerated" -}}
+{{- $t := .Values.tls }}
+{{- if and $t.enabled (not $t.certManager.enabled) (not $t.existingSecret) }}true{{ end }}
+{{- end }}
+
+{{/* The names clients reach outboxd by, as a JSON list: each Service's short name,
+NAME.NAMESPACE, NAME.NAMESPACE.svc and NAME.NAMESPACE.svc.cluster.local, the
+headless Service's too when it is on. */}}
+{{- define "outboxd.serviceDNSNames" -}}
+{{- $fullname := include "outboxd.fullname" . }}
+{{- $services := list $fullname }}
+{{- if .Values.headlessService.enabled }}
+{{- $services = append $services (include "outboxd.suffixed" (list . "headless")) }}
+{{- end }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list }}
+{{- range $services }}
+{{- $names = concat $names (list . (printf "%s.%s" . $ns) (printf "%s.%s.svc" . $ns) (printf "%s.%s.svc.cluster.local" . $ns)) }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}
+
+{{/*
+The generated certificate as JSON {"ca.crt", "tls.crt", "tls.key", "names"}: the
+first three base64 as a Secret's data holds them, "names" the DNS names it was
+made for. An upgrade finds the Secret of the release before (Helm's lookup) and
+keeps what it holds, so certificate and CA stay the same and relays keep
+trusting them; only a first install, a Secret deleted by hand or a change of the
+Service's names (the headless Service turned on) makes new ones: an ECDSA P-256
+CA and a certificate it signs for the names. The CA's key is not kept, so
+nothing else can be signed with it. Made once per render and kept in
+.Values.tls, so the Secret and the relay's checksum of the CA see the same one.
+*/}}
+{{- define "outboxd.generatedTLS" -}}
+{{- $t := .Values.tls }}
+{{- if not (hasKey $t "outboxdGenerated") }}
+{{- if $t.clientCA }}
+{{- fail "tls.clientCA needs a CA that signs the clients' certificates, which a certificate the chart generates has not (its CA's key is not kept): use tls.certManager or tls.existingSecret with it" }}
+{{- end }}
+{{- $names := include "outboxd.serviceDNSNames" . | fromJsonArray }}
+{{- $found := lookup "v1" "Secret" .Release.Namespace (include "outboxd.tlsSecretName" .) }}
+{{- $old := dict }}
+{{- if $found }}
+{{- $old = $found.data | default dict }}
+{{- $made := index ($found.metadata.annotations | default dict) "outboxd.io/dns-names" | default "" }}
+{{- if ne $made (join "," $names) }}
+{{- $old = dict }}
+{{- end }}
+{{- end }}
+{{- $data := dict }}
+{{- if and (index $old "ca.crt") (index $old "tls.crt") (index $old "tls.key") }}
+{{- $data = dict "ca.crt" (index $old "ca.crt") "tls.crt" (index $old "tls.crt") "tls.key" (index $old "tls.key") }}
+{{- else }}
+{{- $days := int $t.generated.validityDays }}
+{{- $ca := genCAWithKey (printf "%s CA" (include "outboxd.fullname" .)) $days (genPrivateKey "ecdsa") }}
+{{- $cert := genSignedCertWithKey (first $names) nil $names $days $ca (genPrivateKey "ecdsa") }}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
+{{- end }}
+{{- $_ := set $data "names" (join "," $names) }}
+{{- $_ := set $t "outboxdGenerated" $data }}
+{{- end }}
+{{- toJson (get $t "outboxdGenerated") }}
 {{- end }}
 
 {{/* Where outboxd's certificate and tokens file are mounted. */}}
@@ -373,6 +458,29 @@ given, else the selectors (an empty namespaceSelector means the release namespac
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* Who may reach the API port and the status page: this release's relay and
+test pods, every pod of the release namespace with grpcFromReleaseNamespace, and
+pods of the labelled client namespaces. */}}
+{{- define "outboxd.apiPeers" -}}
+{{- $np := .Values.networkPolicy }}
+- podSelector:
+    matchLabels:
+      app.kubernetes.io/instance: {{ .Release.Name }}
+    matchExpressions:
+      - key: app.kubernetes.io/component
+        operator: In
+        values:
+          - relay
+          - test
+{{- if $np.ingress.grpcFromReleaseNamespace }}
+- podSelector: {}
+{{- end }}
+- namespaceSelector:
+    {{- toYaml $np.ingress.grpcNamespaceSelector | nindent 4 }}
+  podSelector:
+    {{- toYaml $np.ingress.grpcPodSelector | nindent 4 }}
 {{- end }}
 
 {{/* Egress rules every chart pod needs: DNS, and the OTLP collector with otel on. */}}

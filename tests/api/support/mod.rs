@@ -35,7 +35,7 @@ pub use crate::shared::{
 pub use app::{ServerArgs, TestApp, config_for, endpoint};
 pub use http::{Reply, http};
 pub use metrics::gauge;
-pub use rows::{insert_plain, open_transaction};
+pub use rows::{insert_plain, insert_row, open_transaction};
 pub use rpc::{
     ALREADY_DONE, DEAD_LETTERED, LEASE_LOST, NOT_FOUND, OK, assert_invalid, assert_not_found,
     claim_request, dur, ids, outcomes, seconds, strings, time, wire,
