@@ -9,8 +9,8 @@ use std::{sync::Arc, time::Duration};
 
 use hyper::{Method, StatusCode};
 use outboxd::grpc::pb::{
-    GetDatabaseReportRequest, InspectMessageRequest, ListBlockedKeysRequest,
-    ListDeadLettersRequest, ListOutboxesRequest, NackRequest, RedriveRequest,
+    InspectMessageRequest, ListBlockedKeysRequest, ListDeadLettersRequest, ListOutboxesRequest,
+    NackRequest, RedriveRequest,
 };
 use serde_json::json;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
@@ -377,17 +377,8 @@ async fn outboxd_serves_with_no_migrate_under_the_documented_runtime_role() {
     // The watchdog names another role's open transaction (pg_read_all_stats).
     let (mut holder, pid) = open_transaction(&db, "roles-test-holder").await;
     wait_until(secs(20), "the report names the holder", async || {
-        let mut admin = app.admin().await;
-        within(
-            secs(30),
-            "GetDatabaseReport",
-            admin.get_database_report(GetDatabaseReportRequest {}),
-        )
-        .await
-        .ok()
-        .is_some_and(|r| {
-            r.into_inner()
-                .transactions
+        app.database_report().await.is_some_and(|r| {
+            r.transactions
                 .iter()
                 .any(|t| t.pid == pid && t.application_name == "roles-test-holder")
         })

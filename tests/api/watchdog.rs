@@ -2,7 +2,7 @@
 //! transaction, a replication slot), the outbox table's dead tuples, as
 //! gauges, in GetDatabaseReport and, once per holder, in the log.
 
-use outboxd::grpc::pb::{GetDatabaseReportRequest, GetDatabaseReportResponse};
+use outboxd::grpc::pb::GetDatabaseReportResponse;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -25,15 +25,7 @@ fn db_gauge(body: &str, name: &str) -> Option<f64> {
 }
 
 async fn report_of(app: &TestApp) -> Option<GetDatabaseReportResponse> {
-    let mut admin = app.admin().await;
-    within(
-        secs(30),
-        "GetDatabaseReport",
-        admin.get_database_report(GetDatabaseReportRequest {}),
-    )
-    .await
-    .ok()
-    .map(tonic::Response::into_inner)
+    app.database_report().await
 }
 
 fn age_secs(d: Option<&prost_types::Duration>) -> f64 {

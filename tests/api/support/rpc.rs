@@ -227,6 +227,20 @@ impl TestApp {
 /// The `try_` calls hand back the status; the others fail the test on one.
 impl TestApp {
     /// An admin client on a connection of its own.
+    /// GetDatabaseReport, or `None` when it fails (before the watchdog's
+    /// first sample, say).
+    pub async fn database_report(&self) -> Option<pb::GetDatabaseReportResponse> {
+        let mut admin = self.admin().await;
+        within(
+            RPC_GUARD,
+            "GetDatabaseReport",
+            admin.get_database_report(pb::GetDatabaseReportRequest {}),
+        )
+        .await
+        .ok()
+        .map(tonic::Response::into_inner)
+    }
+
     pub async fn admin(&self) -> OutboxAdminClient<Channel> {
         OutboxAdminClient::connect(format!("http://{}", self.addr))
             .await
