@@ -222,23 +222,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// `stats` of one outbox, or of every outbox ListOutboxes names.
+/// `stats` of one outbox, or of every outbox ListOutboxes names: those the
+/// caller holds an admin scope for, with a count of the others, so a token
+/// for some outboxes sees those rather than a refusal.
 async fn stats(
     mut admin: Admin,
     mut service: Service,
     outbox: Option<String>,
     out: &Out,
 ) -> Result<(), Failure> {
-    let names = match outbox {
-        Some(name) => vec![name],
-        None => admin
-            .list_outboxes(pb::ListOutboxesRequest {})
-            .await?
-            .into_inner()
-            .outboxes
-            .into_iter()
-            .map(|o| o.name)
-            .collect(),
+    let (names, hidden) = match outbox {
+        Some(name) => (vec![name], 0),
+        None => {
+            let listed = admin
+                .list_outboxes(pb::ListOutboxesRequest {})
+                .await?
+                .into_inner();
+            let names = listed.outboxes.into_iter().map(|o| o.name).collect();
+            (names, listed.hidden)
+        }
     };
     let mut all = Vec::with_capacity(names.len());
     for name in names {
@@ -268,7 +270,7 @@ async fn stats(
         }
         Err(status) => return Err(status.into()),
     };
-    out.stats(&all, database.as_ref());
+    out.stats(&all, hidden, database.as_ref());
     Ok(())
 }
 

@@ -153,6 +153,16 @@ impl Authorizer {
         wire_outbox: &str,
         request: &Request<T>,
     ) -> Result<Caller, Status> {
+        Ok(self
+            .admit_request(request)?
+            .require(access, &OutboxName::from_wire(wire_outbox))?)
+    }
+
+    /// Who the caller of `request` is, before any scope is asked about: for
+    /// a call that answers about several outboxes (ListOutboxes) and shows
+    /// each only to a caller that may see it. UNAUTHENTICATED as for
+    /// [`Authorizer::check`].
+    pub fn admit_request<T>(&self, request: &Request<T>) -> Result<Admitted, Status> {
         let common_name;
         let presented = match request.metadata().get("authorization") {
             Some(header) => Presented::Bearer(bearer(header.as_bytes())),
@@ -161,11 +171,7 @@ impl Authorizer {
                 Presented::Certificate(common_name.as_deref())
             }
         };
-        self.decide(access, &OutboxName::from_wire(wire_outbox), presented)
-            .map_err(|refusal| match refusal {
-                Refusal::Unauthenticated(message) => Status::unauthenticated(message),
-                Refusal::PermissionDenied(message) => Status::permission_denied(message),
-            })
+        Ok(self.admit(presented)?)
     }
 
     /// The same decision for a caller that is not a gRPC request (the status
@@ -312,13 +318,21 @@ impl Admitted {
             .is_none_or(|identity| identity.may(access, outbox))
     }
 
+    /// Who it is, for audit lines: its NAME, or `anonymous` when
+    /// authorisation is off.
+    pub fn caller(&self) -> Caller {
+        self.0.as_ref().map_or_else(Caller::anonymous, |identity| {
+            Caller(Arc::from(identity.name.as_str()))
+        })
+    }
+
     /// Its name if it may, else PERMISSION_DENIED saying what it lacks.
     pub fn require(&self, access: Access, outbox: &OutboxName) -> Result<Caller, Refusal> {
         let Some(identity) = &self.0 else {
             return Ok(Caller::anonymous());
         };
         if identity.may(access, outbox) {
-            return Ok(Caller(Arc::from(identity.name.as_str())));
+            return Ok(self.caller());
         }
         // The name is the client's: echo a bounded part of it, so an absurd
         // one cannot make the reply itself too large.
@@ -359,6 +373,15 @@ impl Refusal {
     pub fn message(&self) -> &str {
         match self {
             Self::Unauthenticated(message) | Self::PermissionDenied(message) => message,
+        }
+    }
+}
+
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Unauthenticated(message) => Status::unauthenticated(message),
+            Refusal::PermissionDenied(message) => Status::permission_denied(message),
         }
     }
 }

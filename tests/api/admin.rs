@@ -1869,3 +1869,88 @@ async fn inspect_and_list_outboxes_need_an_admin_token_when_auth_is_on() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Bearer TOKEN` on `message`.
+fn with_token<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ASCII"),
+    );
+    request
+}
+
+/// ListOutboxes and the database report show an operator only the outboxes
+/// it holds an admin scope for (a relay scope lists none) and count the
+/// rest (#46).
+#[tokio::test]
+async fn list_outboxes_and_the_database_report_show_only_the_callers_admin_outboxes() {
+    use outboxd::grpc::pb::{GetDatabaseReportRequest, ListOutboxesRequest};
+    let dir = crate::support::pki::TempDir::new();
+    let [orders_ops, ops, relay] = [(); 3].map(|()| format!("{}", Uuid::new_v4().simple()));
+    let line = |name: &str, token: &str, scopes: &str| {
+        format!(
+            "{name} sha256:{} {scopes}\n",
+            hex::encode(outboxd::auth::token_digest(token))
+        )
+    };
+    let tokens = dir.write(
+        "tokens",
+        [
+            line(
+                "orders-ops",
+                &orders_ops,
+                &format!("admin:{ORDERED} relay:default"),
+            ),
+            line("ops", &ops, "admin:*"),
+            line("relay", &relay, "relay:*"),
+        ]
+        .concat(),
+    );
+    let app = TestApp::spawn_with(|args| {
+        with_ordered(args);
+        args.set("--auth-tokens", tokens.as_str())
+            .set("--watchdog-interval", "200ms");
+    })
+    .await;
+    let mut admin = app.admin().await;
+    let listed = |reply: outboxd::grpc::pb::ListOutboxesResponse| {
+        let names: Vec<String> = reply.outboxes.into_iter().map(|o| o.name).collect();
+        (names, reply.hidden)
+    };
+    let some = admin
+        .list_outboxes(with_token(&orders_ops, ListOutboxesRequest {}))
+        .await
+        .expect("an admin scope for one outbox");
+    assert_eq!(listed(some.into_inner()), (vec![ORDERED.to_owned()], 2));
+    let all = admin
+        .list_outboxes(with_token(&ops, ListOutboxesRequest {}))
+        .await
+        .expect("admin:*");
+    assert_eq!(
+        listed(all.into_inner()),
+        (vec!["default".into(), ORDERED.into(), PARKED.into()], 0)
+    );
+
+    // No admin scope: refused.
+    let refused = admin
+        .list_outboxes(with_token(&relay, ListOutboxesRequest {}))
+        .await
+        .expect_err("relay:* only");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+
+    // The report's outbox tables: the caller's only.
+    let mut report = None;
+    wait_until(secs(30), "the watchdog's first sample", async || {
+        report = admin
+            .get_database_report(with_token(&orders_ops, GetDatabaseReportRequest {}))
+            .await
+            .ok()
+            .map(tonic::Response::into_inner);
+        report.is_some()
+    })
+    .await;
+    let report = report.expect("sampled");
+    let tables: Vec<&str> = report.tables.iter().map(|t| t.outbox.as_str()).collect();
+    assert_eq!(tables, [ORDERED], "{report:?}");
+}

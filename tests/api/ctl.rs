@@ -592,3 +592,73 @@ async fn health_exits_0_while_serving_and_1_naming_what_is_not() {
     let down = ctl(&["--server", &format!("http://127.0.0.1:{port}"), "health"]).await;
     assert_eq!(down.code, Some(3), "{down:?}");
 }
+
+/// A tokens file with `lines` (NAME, token, scopes), and a file holding the
+/// token of the first.
+fn scoped_token_files(
+    dir: &crate::support::pki::TempDir,
+    lines: &[(&str, &str, &str)],
+) -> (String, String) {
+    let text: String = lines
+        .iter()
+        .map(|(name, token, scopes)| {
+            format!(
+                "{name} sha256:{} {scopes}\n",
+                hex::encode(outboxd::auth::token_digest(token))
+            )
+        })
+        .collect();
+    let tokens = dir.write("tokens", text);
+    let token_file = dir.write("token", format!("{}\n", lines[0].1));
+    (tokens, token_file)
+}
+
+/// An operator whose token covers only some outboxes (#46): `stats` shows
+/// those and says how many others there are, rather than failing on the
+/// first outbox it may not read.
+#[tokio::test]
+async fn stats_shows_the_outboxes_a_token_may_see_and_counts_the_others() {
+    let dir = crate::support::pki::TempDir::new();
+    let token = format!("{}", Uuid::new_v4().simple());
+    let (tokens, token_file) = scoped_token_files(&dir, &[("orders-ops", &token, "admin:orders")]);
+    let app = TestApp::spawn_with(|args| {
+        two_outboxes(args);
+        args.set("--auth-tokens", tokens.as_str());
+    })
+    .await;
+    let s = server(&app);
+    produce(&app, "public.orders_outbox", "order-1").await;
+    let json = ctl(&[
+        "--server",
+        &s,
+        "--token-file",
+        &token_file,
+        "--output",
+        "json",
+        "stats",
+    ])
+    .await
+    .json();
+    let names: Vec<&str> = json["outboxes"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|o| o["outbox"].as_str())
+        .collect();
+    assert_eq!(names, ["orders"], "{json}");
+    assert_eq!(json["outboxes"][0]["pending"], 1, "{json}");
+    assert_eq!(json["hidden_outboxes"], 1, "{json}");
+
+    let text = ctl(&["--server", &s, "--token-file", &token_file, "stats"]).await;
+    assert_eq!(text.code, Some(0), "{text:?}");
+    assert!(
+        text.stdout.contains("orders") && !text.stdout.lines().any(|l| l.starts_with("default")),
+        "{text:?}"
+    );
+    assert!(
+        text.stdout.contains(
+            "1 more outbox(es) configured, not shown: this credential has no admin scope for them"
+        ),
+        "{text:?}"
+    );
+}
