@@ -327,12 +327,20 @@ impl Admitted {
     }
 
     /// Its name if it may, else PERMISSION_DENIED saying what it lacks.
+    /// A call about no one outbox ([`Access::AnyAdmin`]) is refused without
+    /// naming one: the caller named none.
     pub fn require(&self, access: Access, outbox: &OutboxName) -> Result<Caller, Refusal> {
         let Some(identity) = &self.0 else {
             return Ok(Caller::anonymous());
         };
         if identity.may(access, outbox) {
             return Ok(self.caller());
+        }
+        if access == Access::AnyAdmin {
+            return Err(Refusal::PermissionDenied(format!(
+                "{:?} has no admin scope for any outbox, which this call needs",
+                identity.name
+            )));
         }
         // The name is the client's: echo a bounded part of it, so an absurd
         // one cannot make the reply itself too large.
@@ -499,6 +507,14 @@ mod tests {
         assert_eq!(code("Bearer tops"), Ok("ops".into()));
         assert_eq!(code("Bearer tall"), Err(tonic::Code::PermissionDenied));
         assert_eq!(code("Bearer nope"), Err(tonic::Code::Unauthenticated));
+        // The call named no outbox, so the refusal names none either.
+        let denied = auth
+            .check(Access::AnyAdmin, "", &with(Some("Bearer tall")))
+            .expect_err("relay:* only");
+        assert_eq!(
+            denied.message(),
+            r#""all" has no admin scope for any outbox, which this call needs"#
+        );
     }
 
     #[test]

@@ -1881,8 +1881,9 @@ fn with_token<T>(token: &str, message: T) -> tonic::Request<T> {
 }
 
 /// ListOutboxes and the database report show an operator only the outboxes
-/// it holds an admin scope for (a relay scope lists none) and count the
-/// rest (#46).
+/// it holds an admin scope for (a relay scope lists none), count the rest,
+/// and a caller with no admin scope at all is refused without naming an
+/// outbox it never named (#46).
 #[tokio::test]
 async fn list_outboxes_and_the_database_report_show_only_the_callers_admin_outboxes() {
     use outboxd::grpc::pb::{GetDatabaseReportRequest, ListOutboxesRequest};
@@ -1932,12 +1933,21 @@ async fn list_outboxes_and_the_database_report_show_only_the_callers_admin_outbo
         (vec!["default".into(), ORDERED.into(), PARKED.into()], 0)
     );
 
-    // No admin scope: refused.
+    // No admin scope: refused, without naming the `default` it did not ask about.
     let refused = admin
         .list_outboxes(with_token(&relay, ListOutboxesRequest {}))
         .await
         .expect_err("relay:* only");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        r#""relay" has no admin scope for any outbox, which this call needs"#
+    );
+    let refused = admin
+        .get_database_report(with_token(&relay, GetDatabaseReportRequest {}))
+        .await
+        .expect_err("relay:* only");
+    assert!(!refused.message().contains("default"), "{refused:?}");
 
     // The report's outbox tables: the caller's only.
     let mut report = None;
