@@ -1190,7 +1190,16 @@ async fn malformed_redrive_requests_are_refused_and_change_nothing() {
         ),
     ];
     for (req, fields) in two_or_three {
-        assert_invalid(app.try_redrive(req).await, fields);
+        let result = app.try_redrive(req).await;
+        // One sentence: the conflict is said once, not once per field.
+        let message = result.as_ref().err().map(|s| s.message().to_owned());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.matches("exactly one").count() == 1),
+            "{message:?}"
+        );
+        assert_invalid(result, fields);
     }
     assert_invalid(
         app.try_redrive(redrive_ids("", &[dead[0].as_str(), "not-a-uuid"]))
