@@ -58,6 +58,7 @@ impl From<Status> for Failure {
 async fn main() -> ExitCode {
     // clap prints its own errors and exits 2 (0 for --help and --version).
     let cli = Cli::parse();
+    let server = cli.server.clone();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Refused(status)) => {
@@ -76,8 +77,18 @@ async fn main() -> ExitCode {
             eprintln!("outboxctl: {why}");
             ExitCode::from(2)
         }
+        Err(Failure::Unreachable(status)) if is_transport(&status) => {
+            eprintln!(
+                "outboxctl: cannot reach the server at {server}: {}",
+                describe(&status)
+            );
+            ExitCode::from(3)
+        }
         Err(Failure::Unreachable(status)) => {
-            eprintln!("outboxctl: cannot reach the server: {}", describe(&status));
+            eprintln!(
+                "outboxctl: the server at {server} is unavailable: {}",
+                describe(&status)
+            );
             ExitCode::from(3)
         }
     }
@@ -97,17 +108,29 @@ fn is_transport(status: &Status) -> bool {
     status.code() == Code::Unknown && status.message() == "transport error"
 }
 
-/// The status and its transport cause (tonic puts the reason, such as
-/// "Connection refused", in the source chain).
+/// Why a call got no answer, each reason once: tonic puts the cause (such as
+/// "Connection refused") in the status's source chain, and repeats its
+/// message there ("tcp connect error" three times, with "transport error"
+/// between), so a part already said, or that says nothing, is left out.
 fn describe(status: &Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
+    let mut parts: Vec<String> = vec![status.message().to_owned()];
     let mut source = std::error::Error::source(status);
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        parts.push(cause.to_string());
         source = cause.source();
     }
-    text
+    let mut said: Vec<String> = Vec::new();
+    for part in parts {
+        let part = part.trim();
+        if part.is_empty() || part == "transport error" || said.iter().any(|s| s.contains(part)) {
+            continue;
+        }
+        said.push(part.to_owned());
+    }
+    if said.is_empty() {
+        return format!("{:?}", status.code());
+    }
+    said.join(": ")
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
