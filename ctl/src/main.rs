@@ -369,20 +369,21 @@ fn connect(cli: &Cli) -> Result<(Admin, Service), Failure> {
 /// The channel to `--server` (lazy: nothing is dialled before the first
 /// call) and the token every call carries.
 fn channel(cli: &Cli) -> Result<(Channel, Credentials), Failure> {
-    let tls = match &cli.tls_ca {
-        Some(ca) => {
-            let tls = ClientTls::new(read(ca, "--tls-ca")?);
-            Some(match (&cli.tls_cert, &cli.tls_key) {
-                (Some(cert), Some(key)) => {
-                    tls.with_identity(read(cert, "--tls-cert")?, read(key, "--tls-key")?)
-                }
-                _ => tls,
-            })
-        }
-        None if cli.tls_cert.is_some() => {
-            return Err(Failure::Usage("--tls-cert needs --tls-ca".into()));
-        }
-        None => None,
+    // Without --tls-ca, an https:// server is checked against the system's
+    // roots, as a publicly signed certificate needs.
+    let tls = if cli.tls_ca.is_some() || cli.tls_cert.is_some() {
+        let tls = match &cli.tls_ca {
+            Some(ca) => ClientTls::new(read(ca, "--tls-ca")?),
+            None => ClientTls::system_roots(),
+        };
+        Some(match (&cli.tls_cert, &cli.tls_key) {
+            (Some(cert), Some(key)) => {
+                tls.with_identity(read(cert, "--tls-cert")?, read(key, "--tls-key")?)
+            }
+            _ => tls,
+        })
+    } else {
+        None
     };
     let credentials = match &cli.token_file {
         Some(path) => {

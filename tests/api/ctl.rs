@@ -32,11 +32,22 @@ impl Run {
 /// Runs outboxctl with `args`, stdin not a terminal, none of the caller's
 /// OUTBOXCTL_* settings.
 async fn ctl(args: &[&str]) -> Run {
+    ctl_with(args, &[]).await
+}
+
+/// [`ctl`] with environment variables set (`Some`) or removed (`None`).
+async fn ctl_with(args: &[&str], env: &[(&str, Option<&str>)]) -> Run {
     let mut command = Command::new(bins::outboxctl());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("OUTBOXCTL_") {
             command.env_remove(name);
         }
+    }
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
     }
     command
         .args(args)
@@ -669,5 +680,69 @@ async fn stats_shows_the_outboxes_a_token_may_see_and_counts_the_others() {
             "1 more outbox(es) configured, not shown: this credential has no admin scope for them"
         ),
         "{text:?}"
+    );
+}
+
+/// `https://` without `--tls-ca` (#46): the certificate is checked against
+/// the system's roots. The test cannot add a CA to the system store, so it
+/// names the bundle in SSL_CERT_FILE, which rustls-native-certs reads in the
+/// store's place: the server's CA there connects, another CA there does not.
+#[tokio::test]
+async fn https_without_a_ca_file_checks_the_server_against_the_system_roots() {
+    use crate::support::pki::{Ca, TempDir};
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let other_ca = Ca::new("someone else's CA");
+    let ca_file = dir.write("ca.crt", server_ca.cert_pem());
+    let other_file = dir.write("other.crt", other_ca.cert_pem());
+    let (cert, key) = server_ca.server(1).write_to(&dir, "tls");
+    let app = TestApp::spawn_with(|args| {
+        args.set("--tls-cert", cert.as_str())
+            .set("--tls-key", key.as_str())
+            .client_tls(server_ca.client_tls());
+    })
+    .await;
+    let s = format!("https://localhost:{}", app.addr.port());
+    let args = ["--server", s.as_str(), "--output", "json", "stats"];
+    let trusted = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(ca_file.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(
+        trusted.json()["outboxes"][0]["outbox"],
+        "default",
+        "{trusted:?}"
+    );
+    let untrusted = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(other_file.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(untrusted.code, Some(3), "another CA's roots: {untrusted:?}");
+    assert!(
+        untrusted.stderr.contains("cannot reach the server at"),
+        "{untrusted:?}"
+    );
+    // No roots at all: a usage error saying what to give instead.
+    let empty = dir.write("empty.pem", "");
+    let none = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(empty.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(none.code, Some(2), "{none:?}");
+    assert!(
+        none.stderr.contains("no system roots found") && none.stderr.contains("SSL_CERT_FILE"),
+        "{none:?}"
     );
 }
