@@ -174,17 +174,6 @@ impl Authorizer {
         Ok(self.admit(presented)?)
     }
 
-    /// The same decision for a caller that is not a gRPC request (the status
-    /// page): what it presented, and the outbox the access is about.
-    pub fn decide(
-        &self,
-        access: Access,
-        outbox: &OutboxName,
-        presented: Presented<'_>,
-    ) -> Result<Caller, Refusal> {
-        self.admit(presented)?.require(access, outbox)
-    }
-
     /// Who `presented` proves to be, before any scope is asked about, so a
     /// caller that needs several outboxes' answers is identified once.
     pub fn admit(&self, presented: Presented<'_>) -> Result<Admitted, Refusal> {
