@@ -1,6 +1,7 @@
 //! A channel to outboxd set up the way a relay worker needs it: TLS when the
-//! address is `https://`, and a bearer token on every call when outboxd
-//! checks tokens (`--auth-tokens`).
+//! address is `https://` (checked against a given CA, or else the system's
+//! roots), and a bearer token on every call when outboxd checks tokens
+//! (`--auth-tokens`).
 
 use std::{
     fmt,
@@ -36,9 +37,9 @@ pub fn connect_lazy(server: &str) -> Result<OutboxServiceClient<Channel>, String
     Ok(OutboxServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
 }
 
-/// [`connect_lazy`] with TLS (`tls`, which an `https://` address needs) and
-/// the credentials every call carries. Errors say which part is wrong and never
-/// contain key material or the token.
+/// [`connect_lazy`] with TLS (`tls`; an `https://` address without it trusts
+/// the system's roots) and the credentials every call carries. Errors say
+/// which part is wrong and never contain key material or the token.
 pub fn connect_lazy_with(
     server: &str,
     tls: Option<&ClientTls>,
@@ -72,12 +73,22 @@ fn endpoint(server: &str, tls: Option<&ClientTls>) -> Result<Endpoint, String> {
         Channel::from_shared(server.to_owned()).map_err(|e| format!("{server:?}: {e}"))?;
     let https = endpoint.uri().scheme_str() == Some("https");
     let endpoint = match (https, tls) {
-        (true, Some(tls)) => endpoint
-            .tls_config(tls.config())
-            .map_err(|e| format!("{server:?}: TLS set-up failed: {}", source_chain(&e)))?,
-        // tonic would fall back to the system roots, which this build does not
-        // include (no `tls-native-roots`): every handshake would fail.
-        (true, None) => return Err(format!("{server:?}: https:// needs a CA certificate")),
+        (true, tls) => {
+            let system = ClientTls::system_roots();
+            let tls = tls.unwrap_or(&system);
+            endpoint.tls_config(tls.config()).map_err(|e| {
+                let why = source_chain(&e);
+                // tonic's words for an empty system store (its error type is private).
+                if tls.ca.is_none() && why.contains("no native certs found") {
+                    format!(
+                        "{server:?}: no CA certificate given and no system roots found: \
+                         give outboxd's CA certificate, or point SSL_CERT_FILE at a PEM bundle"
+                    )
+                } else {
+                    format!("{server:?}: TLS set-up failed: {why}")
+                }
+            })?
+        }
         (false, Some(_)) => {
             return Err(format!("{server:?}: TLS settings need an https:// address"));
         }
@@ -107,7 +118,8 @@ fn source_chain(err: &dyn std::error::Error) -> String {
 /// for mutual TLS. PEM throughout.
 #[derive(Clone)]
 pub struct ClientTls {
-    ca: Vec<u8>,
+    /// `None`: the system's roots.
+    ca: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -115,7 +127,19 @@ impl ClientTls {
     /// Trusts only `ca_pem` for the server's certificate.
     pub fn new(ca_pem: Vec<u8>) -> Self {
         Self {
-            ca: ca_pem,
+            ca: Some(ca_pem),
+            identity: None,
+        }
+    }
+
+    /// Trusts the system's roots, so that an outboxd with a publicly signed
+    /// certificate needs no CA file: the platform's store, read by
+    /// rustls-native-certs when the channel is built, or the PEM bundle
+    /// named by `SSL_CERT_FILE` (and the directories in `SSL_CERT_DIR`) in
+    /// its place.
+    pub fn system_roots() -> Self {
+        Self {
+            ca: None,
             identity: None,
         }
     }
@@ -129,7 +153,10 @@ impl ClientTls {
     }
 
     fn config(&self) -> ClientTlsConfig {
-        let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca));
+        let config = match &self.ca {
+            Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
         match &self.identity {
             Some((cert, key)) => config.identity(Identity::from_pem(cert, key)),
             None => config,
@@ -141,6 +168,7 @@ impl fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The key stays out of logs and panics.
         f.debug_struct("ClientTls")
+            .field("system_roots", &self.ca.is_none())
             .field("mutual", &self.identity.is_some())
             .finish_non_exhaustive()
     }
@@ -254,11 +282,20 @@ mod tests {
         assert!(!format!("{token:?}{credentials:?}").contains("def"));
     }
 
-    #[test]
-    fn https_needs_tls_settings_and_http_refuses_them() {
+    #[tokio::test]
+    async fn https_without_a_ca_trusts_the_system_roots_and_http_refuses_tls_settings() {
+        // The roots are read when the channel is built: where the system has
+        // none, the error says what to give instead.
+        for tls in [None, Some(&ClientTls::system_roots())] {
+            if let Err(err) = connect_lazy_with("https://x:1", tls, Credentials::none()) {
+                assert!(
+                    err.contains("no system roots found") && err.contains("SSL_CERT_FILE"),
+                    "{err}"
+                );
+            }
+        }
+        assert!(format!("{:?}", ClientTls::system_roots()).contains("system_roots: true"));
         let tls = ClientTls::new(Vec::new());
-        let err = connect_lazy_with("https://x:1", None, Credentials::none()).expect_err("ca");
-        assert!(err.contains("CA certificate"), "{err}");
         let err = connect_lazy_with("http://x:1", Some(&tls), Credentials::none()).expect_err("");
         assert!(err.contains("https://"), "{err}");
     }

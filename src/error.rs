@@ -49,10 +49,42 @@ impl From<Vec<FieldViolation>> for Error {
     }
 }
 
+/// One clause per reason: fields refused for the same reason, one after the
+/// other, share a clause (`a, b and c must not be set together`), so the
+/// message does not repeat itself.
 fn describe(violations: &[FieldViolation]) -> String {
     violations
-        .iter()
-        .map(|v| format!("{} {}", v.field, v.description))
+        .chunk_by(|a, b| a.description == b.description)
+        .map(|same| {
+            let fields: Vec<&str> = same.iter().map(|v| v.field.as_str()).collect();
+            let named = match fields.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+                _ => fields.concat(),
+            };
+            format!("{named} {}", same[0].description)
+        })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_refused_for_one_reason_share_one_clause() {
+        let v = |field: &str, why: &str| FieldViolation::new(field, why);
+        let err = Error::InvalidArgument(vec![
+            v("a", "must not be set together"),
+            v("b", "must not be set together"),
+            v("c", "must not be set together"),
+            v("lease_id", "is required"),
+            v("x", "must not be set together"),
+        ]);
+        assert_eq!(
+            err.to_string(),
+            "invalid request: a, b and c must not be set together; lease_id is required; \
+             x must not be set together"
+        );
+    }
 }

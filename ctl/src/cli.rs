@@ -13,7 +13,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     after_help = "Exit codes: 0 ok, 1 the server refused the call (health: a service is not SERVING), 2 usage, 3 cannot connect."
 )]
 pub struct Cli {
-    /// outboxd's gRPC address; https:// needs --tls-ca.
+    /// outboxd's gRPC address; https:// checks its certificate against
+    /// --tls-ca, or the system's roots without it.
     #[arg(
         long,
         global = true,
@@ -27,7 +28,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "OUTBOXCTL_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
 
-    /// The CA certificate (PEM) that outboxd's certificate must chain to.
+    /// The CA certificate (PEM) that outboxd's certificate must chain to;
+    /// without it, the system's roots (or the bundle SSL_CERT_FILE names).
     #[arg(long, global = true, env = "OUTBOXCTL_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
 

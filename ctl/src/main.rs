@@ -58,6 +58,7 @@ impl From<Status> for Failure {
 async fn main() -> ExitCode {
     // clap prints its own errors and exits 2 (0 for --help and --version).
     let cli = Cli::parse();
+    let server = cli.server.clone();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Refused(status)) => {
@@ -76,8 +77,18 @@ async fn main() -> ExitCode {
             eprintln!("outboxctl: {why}");
             ExitCode::from(2)
         }
+        Err(Failure::Unreachable(status)) if is_transport(&status) => {
+            eprintln!(
+                "outboxctl: cannot reach the server at {server}: {}",
+                describe(&status)
+            );
+            ExitCode::from(3)
+        }
         Err(Failure::Unreachable(status)) => {
-            eprintln!("outboxctl: cannot reach the server: {}", describe(&status));
+            eprintln!(
+                "outboxctl: the server at {server} is unavailable: {}",
+                describe(&status)
+            );
             ExitCode::from(3)
         }
     }
@@ -97,17 +108,29 @@ fn is_transport(status: &Status) -> bool {
     status.code() == Code::Unknown && status.message() == "transport error"
 }
 
-/// The status and its transport cause (tonic puts the reason, such as
-/// "Connection refused", in the source chain).
+/// Why a call got no answer, each reason once: tonic puts the cause (such as
+/// "Connection refused") in the status's source chain, and repeats its
+/// message there ("tcp connect error" three times, with "transport error"
+/// between), so a part already said, or that says nothing, is left out.
 fn describe(status: &Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
+    let mut parts: Vec<String> = vec![status.message().to_owned()];
     let mut source = std::error::Error::source(status);
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        parts.push(cause.to_string());
         source = cause.source();
     }
-    text
+    let mut said: Vec<String> = Vec::new();
+    for part in parts {
+        let part = part.trim();
+        if part.is_empty() || part == "transport error" || said.iter().any(|s| s.contains(part)) {
+            continue;
+        }
+        said.push(part.to_owned());
+    }
+    if said.is_empty() {
+        return format!("{:?}", status.code());
+    }
+    said.join(": ")
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
@@ -222,23 +245,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// `stats` of one outbox, or of every outbox ListOutboxes names.
+/// `stats` of one outbox, or of every outbox ListOutboxes names: those the
+/// caller holds an admin scope for, with a count of the others, so a token
+/// for some outboxes sees those rather than a refusal.
 async fn stats(
     mut admin: Admin,
     mut service: Service,
     outbox: Option<String>,
     out: &Out,
 ) -> Result<(), Failure> {
-    let names = match outbox {
-        Some(name) => vec![name],
-        None => admin
-            .list_outboxes(pb::ListOutboxesRequest {})
-            .await?
-            .into_inner()
-            .outboxes
-            .into_iter()
-            .map(|o| o.name)
-            .collect(),
+    let (names, hidden) = match outbox {
+        Some(name) => (vec![name], 0),
+        None => {
+            let listed = admin
+                .list_outboxes(pb::ListOutboxesRequest {})
+                .await?
+                .into_inner();
+            let names = listed.outboxes.into_iter().map(|o| o.name).collect();
+            (names, listed.hidden)
+        }
     };
     let mut all = Vec::with_capacity(names.len());
     for name in names {
@@ -268,7 +293,7 @@ async fn stats(
         }
         Err(status) => return Err(status.into()),
     };
-    out.stats(&all, database.as_ref());
+    out.stats(&all, hidden, database.as_ref());
     Ok(())
 }
 
@@ -344,20 +369,21 @@ fn connect(cli: &Cli) -> Result<(Admin, Service), Failure> {
 /// The channel to `--server` (lazy: nothing is dialled before the first
 /// call) and the token every call carries.
 fn channel(cli: &Cli) -> Result<(Channel, Credentials), Failure> {
-    let tls = match &cli.tls_ca {
-        Some(ca) => {
-            let tls = ClientTls::new(read(ca, "--tls-ca")?);
-            Some(match (&cli.tls_cert, &cli.tls_key) {
-                (Some(cert), Some(key)) => {
-                    tls.with_identity(read(cert, "--tls-cert")?, read(key, "--tls-key")?)
-                }
-                _ => tls,
-            })
-        }
-        None if cli.tls_cert.is_some() => {
-            return Err(Failure::Usage("--tls-cert needs --tls-ca".into()));
-        }
-        None => None,
+    // Without --tls-ca, an https:// server is checked against the system's
+    // roots, as a publicly signed certificate needs.
+    let tls = if cli.tls_ca.is_some() || cli.tls_cert.is_some() {
+        let tls = match &cli.tls_ca {
+            Some(ca) => ClientTls::new(read(ca, "--tls-ca")?),
+            None => ClientTls::system_roots(),
+        };
+        Some(match (&cli.tls_cert, &cli.tls_key) {
+            (Some(cert), Some(key)) => {
+                tls.with_identity(read(cert, "--tls-cert")?, read(key, "--tls-key")?)
+            }
+            _ => tls,
+        })
+    } else {
+        None
     };
     let credentials = match &cli.token_file {
         Some(path) => {

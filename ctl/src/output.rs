@@ -25,14 +25,18 @@ impl Out {
     }
 
     /// The outboxes' figures, then what the database watchdog found last
-    /// (`None`: not readable by this caller, or not sampled yet).
+    /// (`None`: not readable by this caller, or not sampled yet). `hidden`
+    /// outboxes are configured but not this caller's to see: counted, so a
+    /// partial list does not pass for the whole.
     pub fn stats(
         &self,
         all: &[(String, pb::GetStatsResponse)],
+        hidden: u32,
         database: Option<&pb::GetDatabaseReportResponse>,
     ) {
         let json = json!({
             "database": database.map(database_json),
+            "hidden_outboxes": hidden,
             "outboxes": all.iter().map(|(name, s)| json!({
                 "outbox": name,
                 "pending": s.pending,
@@ -70,7 +74,8 @@ impl Out {
                         ]
                     })
                     .collect(),
-            ) + database.map(database_text).unwrap_or_default().as_str()
+            ) + hidden_text(hidden).as_str()
+                + database.map(database_text).unwrap_or_default().as_str()
         });
     }
 
@@ -276,6 +281,16 @@ fn database_json(r: &pb::GetDatabaseReportResponse) -> Value {
         })).collect::<Vec<_>>(),
         "commit_order_cause": r.commit_order_cause.as_ref().map(transaction_json),
     })
+}
+
+/// The line under the outboxes' table for people, when some are not shown.
+fn hidden_text(hidden: u32) -> String {
+    if hidden == 0 {
+        return String::new();
+    }
+    format!(
+        "({hidden} more outbox(es) configured, not shown: this credential has no admin scope for them)\n"
+    )
 }
 
 /// The database's part of `stats` for people: who holds the horizon back,

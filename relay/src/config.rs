@@ -27,8 +27,9 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_RELAY_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
-    /// outboxd's CA certificate (PEM), to check its certificate. An
-    /// https:// --server needs it: this build trusts no system roots.
+    /// outboxd's CA certificate (PEM), to check its certificate. Without
+    /// it, an https:// --server is checked against the system's roots (or
+    /// the PEM bundle SSL_CERT_FILE names), as for a publicly signed one.
     #[arg(long, env = "OUTBOX_RELAY_TLS_CA", value_name = "PATH")]
     pub tls_ca: Option<PathBuf>,
 
@@ -216,9 +217,9 @@ impl RelayArgs {
 }
 
 impl RelayArgs {
-    /// The TLS files, read and checked: an https:// server needs --tls-ca,
-    /// an http:// one takes no TLS flag, and the client certificate comes
-    /// with its key.
+    /// The TLS files, read and checked: an https:// server trusts --tls-ca,
+    /// or the system's roots without it; an http:// one takes no TLS flag,
+    /// and the client certificate comes with its key.
     fn client_tls(&self, https: bool) -> Result<Option<ClientTls>, String> {
         let flags = [
             ("--tls-ca", &self.tls_ca),
@@ -234,16 +235,10 @@ impl RelayArgs {
                 None => Ok(None),
             };
         }
-        let ca = match &self.tls_ca {
-            Some(path) => read_certificates("--tls-ca", path)?,
-            None => {
-                return Err(format!(
-                    "--server {:?} is https:// and needs --tls-ca (outboxd's CA certificate)",
-                    self.server
-                ));
-            }
+        let tls = match &self.tls_ca {
+            Some(path) => ClientTls::new(read_certificates("--tls-ca", path)?),
+            None => ClientTls::system_roots(),
         };
-        let tls = ClientTls::new(ca);
         match (&self.tls_cert, &self.tls_key) {
             (None, None) => Ok(Some(tls)),
             (Some(cert), Some(key)) => Ok(Some(tls.with_identity(
@@ -369,6 +364,14 @@ mod tests {
         let https = "https://outboxd:50051";
         let config = relay(&["--server", https, "--tls-ca", &ca]).expect("valid");
         assert!(config.tls.is_some());
+        // A publicly signed outboxd needs no CA file: the system's roots.
+        let system = relay(&["--server", https]).expect("valid");
+        assert!(
+            format!("{:?}", system.tls).contains("system_roots: true"),
+            "{system:?}"
+        );
+        let mutual_system = ["--server", https, "--tls-cert", &cert, "--tls-key", &key];
+        assert!(relay(&mutual_system).expect("valid").tls.is_some());
         let mutual = [
             "--server",
             https,
@@ -385,7 +388,6 @@ mod tests {
             "http:// is plaintext"
         );
         for (args, says) in [
-            (vec!["--server", https], "needs --tls-ca"),
             (vec!["--tls-ca", &ca], "--tls-ca needs an https:// --server"),
             (
                 vec!["--tls-cert", &cert, "--tls-key", &key],
@@ -394,6 +396,10 @@ mod tests {
             (vec!["--tls-key", &key], "--tls-key needs an https://"),
             (
                 vec!["--server", https, "--tls-ca", &ca, "--tls-cert", &cert],
+                "--tls-cert needs --tls-key",
+            ),
+            (
+                vec!["--server", https, "--tls-cert", &cert],
                 "--tls-cert needs --tls-key",
             ),
             (

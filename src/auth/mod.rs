@@ -153,6 +153,16 @@ impl Authorizer {
         wire_outbox: &str,
         request: &Request<T>,
     ) -> Result<Caller, Status> {
+        Ok(self
+            .admit_request(request)?
+            .require(access, &OutboxName::from_wire(wire_outbox))?)
+    }
+
+    /// Who the caller of `request` is, before any scope is asked about: for
+    /// a call that answers about several outboxes (ListOutboxes) and shows
+    /// each only to a caller that may see it. UNAUTHENTICATED as for
+    /// [`Authorizer::check`].
+    pub fn admit_request<T>(&self, request: &Request<T>) -> Result<Admitted, Status> {
         let common_name;
         let presented = match request.metadata().get("authorization") {
             Some(header) => Presented::Bearer(bearer(header.as_bytes())),
@@ -161,22 +171,7 @@ impl Authorizer {
                 Presented::Certificate(common_name.as_deref())
             }
         };
-        self.decide(access, &OutboxName::from_wire(wire_outbox), presented)
-            .map_err(|refusal| match refusal {
-                Refusal::Unauthenticated(message) => Status::unauthenticated(message),
-                Refusal::PermissionDenied(message) => Status::permission_denied(message),
-            })
-    }
-
-    /// The same decision for a caller that is not a gRPC request (the status
-    /// page): what it presented, and the outbox the access is about.
-    pub fn decide(
-        &self,
-        access: Access,
-        outbox: &OutboxName,
-        presented: Presented<'_>,
-    ) -> Result<Caller, Refusal> {
-        self.admit(presented)?.require(access, outbox)
+        Ok(self.admit(presented)?)
     }
 
     /// Who `presented` proves to be, before any scope is asked about, so a
@@ -312,13 +307,29 @@ impl Admitted {
             .is_none_or(|identity| identity.may(access, outbox))
     }
 
+    /// Who it is, for audit lines: its NAME, or `anonymous` when
+    /// authorisation is off.
+    pub fn caller(&self) -> Caller {
+        self.0.as_ref().map_or_else(Caller::anonymous, |identity| {
+            Caller(Arc::from(identity.name.as_str()))
+        })
+    }
+
     /// Its name if it may, else PERMISSION_DENIED saying what it lacks.
+    /// A call about no one outbox ([`Access::AnyAdmin`]) is refused without
+    /// naming one: the caller named none.
     pub fn require(&self, access: Access, outbox: &OutboxName) -> Result<Caller, Refusal> {
         let Some(identity) = &self.0 else {
             return Ok(Caller::anonymous());
         };
         if identity.may(access, outbox) {
-            return Ok(Caller(Arc::from(identity.name.as_str())));
+            return Ok(self.caller());
+        }
+        if access == Access::AnyAdmin {
+            return Err(Refusal::PermissionDenied(format!(
+                "{:?} has no admin scope for any outbox, which this call needs",
+                identity.name
+            )));
         }
         // The name is the client's: echo a bounded part of it, so an absurd
         // one cannot make the reply itself too large.
@@ -359,6 +370,15 @@ impl Refusal {
     pub fn message(&self) -> &str {
         match self {
             Self::Unauthenticated(message) | Self::PermissionDenied(message) => message,
+        }
+    }
+}
+
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Unauthenticated(message) => Status::unauthenticated(message),
+            Refusal::PermissionDenied(message) => Status::permission_denied(message),
         }
     }
 }
@@ -476,6 +496,14 @@ mod tests {
         assert_eq!(code("Bearer tops"), Ok("ops".into()));
         assert_eq!(code("Bearer tall"), Err(tonic::Code::PermissionDenied));
         assert_eq!(code("Bearer nope"), Err(tonic::Code::Unauthenticated));
+        // The call named no outbox, so the refusal names none either.
+        let denied = auth
+            .check(Access::AnyAdmin, "", &with(Some("Bearer tall")))
+            .expect_err("relay:* only");
+        assert_eq!(
+            denied.message(),
+            r#""all" has no admin scope for any outbox, which this call needs"#
+        );
     }
 
     #[test]

@@ -9,15 +9,15 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use super::{
-    guard::authorize,
+    guard::admit,
     observe,
     pb::{self, outbox_admin_server::OutboxAdmin as Rpc},
     request::Parse,
 };
 use crate::{
     Error,
-    auth::{Access, Authorizer, Caller},
-    lease::Limits,
+    auth::{Access, Admitted, Authorizer, Caller},
+    lease::{Limits, OutboxName},
     metrics::ServerMetrics,
     service::AdminService,
 };
@@ -60,18 +60,21 @@ impl AdminApi {
     where
         F: Future<Output = Result<R, Status>>,
     {
-        self.observed_as(method, Access::Admin, request, outbox, work)
-            .await
+        self.observed_as(method, Access::Admin, request, outbox, |admitted| {
+            work(admitted.caller())
+        })
+        .await
     }
 
-    /// [`AdminApi::observed`] with the access the call needs.
+    /// [`AdminApi::observed`] with the access the call needs; `work` gets
+    /// the admitted caller, to ask what else it may see.
     async fn observed_as<T, R, F>(
         &self,
         method: &'static str,
         access: Access,
         request: &Request<T>,
         outbox: &str,
-        work: impl FnOnce(Caller) -> F,
+        work: impl FnOnce(Admitted) -> F,
     ) -> Result<R, Status>
     where
         F: Future<Output = Result<R, Status>>,
@@ -82,8 +85,8 @@ impl AdminApi {
         }
         let started = Instant::now();
         let result = async {
-            let caller = authorize(&self.auth, &self.metrics, method, access, outbox, request)?;
-            work(caller).await
+            let admitted = admit(&self.auth, &self.metrics, method, access, outbox, request)?;
+            work(admitted).await
         }
         .instrument(span.clone())
         .await;
@@ -150,15 +153,18 @@ impl Rpc for AdminApi {
         &self,
         request: Request<pb::GetDatabaseReportRequest>,
     ) -> Result<Response<pb::GetDatabaseReportResponse>, Status> {
-        // About the database, not one outbox: any admin scope will do.
+        // About the database, not one outbox: any admin scope will do. Each
+        // outbox table's upkeep goes only to its admins, as on the status page.
         self.observed_as(
             "GetDatabaseReport",
             Access::AnyAdmin,
             &request,
             "",
-            |_| async {
+            |admitted| async move {
                 let report = self.service.database_report()?;
-                Ok(Response::new(report.as_ref().into()))
+                let mut reply = pb::GetDatabaseReportResponse::from(report.as_ref());
+                reply.tables.retain(|table| sees(&admitted, &table.outbox));
+                Ok(Response::new(reply))
             },
         )
         .await
@@ -177,16 +183,37 @@ impl Rpc for AdminApi {
         .await
     }
 
-    /// Names no outbox, and what it reveals (names, tables) is configuration:
-    /// any admin scope may read it.
+    /// Names no outbox: any admin scope may call it. It lists the outboxes
+    /// the caller holds an admin scope for (those every OutboxAdmin call
+    /// takes from it, as the status page shows them) and counts the rest,
+    /// so `outboxctl stats` asks only about outboxes it may read and says
+    /// how many it may not.
     async fn list_outboxes(
         &self,
         request: Request<pb::ListOutboxesRequest>,
     ) -> Result<Response<pb::ListOutboxesResponse>, Status> {
-        self.observed_as("ListOutboxes", Access::AnyAdmin, &request, "", |_| async {
-            let outboxes = self.service.outboxes().iter().map(Into::into).collect();
-            Ok(Response::new(pb::ListOutboxesResponse { outboxes }))
-        })
+        self.observed_as(
+            "ListOutboxes",
+            Access::AnyAdmin,
+            &request,
+            "",
+            |admitted| async move {
+                let all = self.service.outboxes();
+                let outboxes: Vec<pb::OutboxInfo> = all
+                    .iter()
+                    .filter(|spec| sees(&admitted, &spec.name))
+                    .map(Into::into)
+                    .collect();
+                let hidden = u32::try_from(all.len() - outboxes.len()).unwrap_or(u32::MAX);
+                Ok(Response::new(pb::ListOutboxesResponse { outboxes, hidden }))
+            },
+        )
         .await
     }
+}
+
+/// Whether `admitted` may see the configured outbox `name`: an admin scope
+/// for it, as every OutboxAdmin call about one outbox needs.
+fn sees(admitted: &Admitted, name: &str) -> bool {
+    admitted.may(Access::Admin, &OutboxName::from_wire(name))
 }

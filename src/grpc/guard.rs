@@ -4,7 +4,8 @@
 use tonic::{Request, Status};
 
 use crate::{
-    auth::{Access, Authorizer, Caller},
+    auth::{Access, Admitted, Authorizer, Caller},
+    lease::OutboxName,
     metrics::ServerMetrics,
 };
 
@@ -17,5 +18,23 @@ pub(super) fn authorize<T>(
     request: &Request<T>,
 ) -> Result<Caller, Status> {
     auth.check(access, wire_outbox, request)
+        .inspect_err(|status| metrics.auth_refused(method, status.code()))
+}
+
+/// [`authorize`] that keeps the admitted caller, for a call that then
+/// answers only about the outboxes it may see (ListOutboxes).
+pub(super) fn admit<T>(
+    auth: &Authorizer,
+    metrics: &ServerMetrics,
+    method: &'static str,
+    access: Access,
+    wire_outbox: &str,
+    request: &Request<T>,
+) -> Result<Admitted, Status> {
+    auth.admit_request(request)
+        .and_then(|admitted| {
+            admitted.require(access, &OutboxName::from_wire(wire_outbox))?;
+            Ok(admitted)
+        })
         .inspect_err(|status| metrics.auth_refused(method, status.code()))
 }

@@ -170,9 +170,12 @@ impl Parse for pb::ListBlockedKeysRequest {
 impl Parse for pb::RedriveRequest {
     type Request = RedriveRequest;
 
-    /// Exactly one selector; with more than one, each one set is named.
+    /// Exactly one selector; with more than one, each one set is named (in
+    /// one sentence: the violations share their description).
     fn parse(&self, limits: &Limits) -> Result<RedriveRequest, Vec<FieldViolation>> {
-        const EXACTLY_ONE: &str = "exactly one of message_ids, aggregate_id, all must be set";
+        const NONE: &str =
+            "is empty, as is aggregate_id, and all is false: a redrive takes exactly one selector";
+        const SEVERAL: &str = "must not be set together: a redrive takes exactly one selector";
         let mut check = Check::default();
         let set: Vec<&str> = [
             ("message_ids", !self.message_ids.is_empty()),
@@ -184,7 +187,7 @@ impl Parse for pb::RedriveRequest {
         .collect();
         let selector = match set.as_slice() {
             [] => {
-                check.refuse("message_ids", EXACTLY_ONE);
+                check.refuse("message_ids", NONE);
                 None
             }
             ["message_ids"] => Some(RedriveSelector::Ids(check.ids(
@@ -199,7 +202,7 @@ impl Parse for pb::RedriveRequest {
             ["all"] => Some(RedriveSelector::All),
             several => {
                 for name in several {
-                    check.refuse(name, EXACTLY_ONE);
+                    check.refuse(name, SEVERAL);
                 }
                 None
             }
@@ -734,6 +737,20 @@ mod tests {
         assert_eq!(
             fields(three.parse(&limits).expect_err("three")),
             ["message_ids", "aggregate_id", "all"]
+        );
+        // One sentence each, never the same reason once per field.
+        let said = |request: &pb::RedriveRequest| {
+            crate::Error::from(request.parse(&limits).expect_err("refused")).to_string()
+        };
+        assert_eq!(
+            said(&three),
+            "invalid request: message_ids, aggregate_id and all must not be set together: \
+             a redrive takes exactly one selector"
+        );
+        assert_eq!(
+            said(&none),
+            "invalid request: message_ids is empty, as is aggregate_id, and all is false: \
+             a redrive takes exactly one selector"
         );
         let bad_id = pb::RedriveRequest {
             message_ids: vec![ID.into(), "nope".into()],

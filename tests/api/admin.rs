@@ -1190,7 +1190,16 @@ async fn malformed_redrive_requests_are_refused_and_change_nothing() {
         ),
     ];
     for (req, fields) in two_or_three {
-        assert_invalid(app.try_redrive(req).await, fields);
+        let result = app.try_redrive(req).await;
+        // One sentence: the conflict is said once, not once per field.
+        let message = result.as_ref().err().map(|s| s.message().to_owned());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.matches("exactly one").count() == 1),
+            "{message:?}"
+        );
+        assert_invalid(result, fields);
     }
     assert_invalid(
         app.try_redrive(redrive_ids("", &[dead[0].as_str(), "not-a-uuid"]))
@@ -1868,4 +1877,99 @@ async fn inspect_and_list_outboxes_need_an_admin_token_when_auth_is_on() {
         "admin:orders lists the outboxes"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `Bearer TOKEN` on `message`.
+fn with_token<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ASCII"),
+    );
+    request
+}
+
+/// ListOutboxes and the database report show an operator only the outboxes
+/// it holds an admin scope for (a relay scope lists none), count the rest,
+/// and a caller with no admin scope at all is refused without naming an
+/// outbox it never named (#46).
+#[tokio::test]
+async fn list_outboxes_and_the_database_report_show_only_the_callers_admin_outboxes() {
+    use outboxd::grpc::pb::{GetDatabaseReportRequest, ListOutboxesRequest};
+    let dir = crate::support::pki::TempDir::new();
+    let [orders_ops, ops, relay] = [(); 3].map(|()| format!("{}", Uuid::new_v4().simple()));
+    let line = |name: &str, token: &str, scopes: &str| {
+        format!(
+            "{name} sha256:{} {scopes}\n",
+            hex::encode(outboxd::auth::token_digest(token))
+        )
+    };
+    let tokens = dir.write(
+        "tokens",
+        [
+            line(
+                "orders-ops",
+                &orders_ops,
+                &format!("admin:{ORDERED} relay:default"),
+            ),
+            line("ops", &ops, "admin:*"),
+            line("relay", &relay, "relay:*"),
+        ]
+        .concat(),
+    );
+    let app = TestApp::spawn_with(|args| {
+        with_ordered(args);
+        args.set("--auth-tokens", tokens.as_str())
+            .set("--watchdog-interval", "200ms");
+    })
+    .await;
+    let mut admin = app.admin().await;
+    let listed = |reply: outboxd::grpc::pb::ListOutboxesResponse| {
+        let names: Vec<String> = reply.outboxes.into_iter().map(|o| o.name).collect();
+        (names, reply.hidden)
+    };
+    let some = admin
+        .list_outboxes(with_token(&orders_ops, ListOutboxesRequest {}))
+        .await
+        .expect("an admin scope for one outbox");
+    assert_eq!(listed(some.into_inner()), (vec![ORDERED.to_owned()], 2));
+    let all = admin
+        .list_outboxes(with_token(&ops, ListOutboxesRequest {}))
+        .await
+        .expect("admin:*");
+    assert_eq!(
+        listed(all.into_inner()),
+        (vec!["default".into(), ORDERED.into(), PARKED.into()], 0)
+    );
+
+    // No admin scope: refused, without naming the `default` it did not ask about.
+    let refused = admin
+        .list_outboxes(with_token(&relay, ListOutboxesRequest {}))
+        .await
+        .expect_err("relay:* only");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        r#""relay" has no admin scope for any outbox, which this call needs"#
+    );
+    let refused = admin
+        .get_database_report(with_token(&relay, GetDatabaseReportRequest {}))
+        .await
+        .expect_err("relay:* only");
+    assert!(!refused.message().contains("default"), "{refused:?}");
+
+    // The report's outbox tables: the caller's only.
+    let mut report = None;
+    wait_until(secs(30), "the watchdog's first sample", async || {
+        report = admin
+            .get_database_report(with_token(&orders_ops, GetDatabaseReportRequest {}))
+            .await
+            .ok()
+            .map(tonic::Response::into_inner);
+        report.is_some()
+    })
+    .await;
+    let report = report.expect("sampled");
+    let tables: Vec<&str> = report.tables.iter().map(|t| t.outbox.as_str()).collect();
+    assert_eq!(tables, [ORDERED], "{report:?}");
 }

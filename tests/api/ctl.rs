@@ -32,11 +32,22 @@ impl Run {
 /// Runs outboxctl with `args`, stdin not a terminal, none of the caller's
 /// OUTBOXCTL_* settings.
 async fn ctl(args: &[&str]) -> Run {
+    ctl_with(args, &[]).await
+}
+
+/// [`ctl`] with environment variables set (`Some`) or removed (`None`).
+async fn ctl_with(args: &[&str], env: &[(&str, Option<&str>)]) -> Run {
     let mut command = Command::new(bins::outboxctl());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("OUTBOXCTL_") {
             command.env_remove(name);
         }
+    }
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
     }
     command
         .args(args)
@@ -401,7 +412,16 @@ async fn a_server_that_is_down_exits_3() {
     ] {
         let run = ctl(&[&["--server", down.as_str()], args.as_slice()].concat()).await;
         assert_eq!(run.code, Some(3), "{args:?}: {run:?}");
-        assert!(run.stderr.contains("cannot reach"), "{run:?}");
+        // One sentence naming the address and the cause, each reason once
+        // (tonic's chain says "tcp connect error" three times).
+        assert_eq!(
+            run.stderr,
+            format!(
+                "outboxctl: cannot reach the server at {down}: tcp connect error: \
+                 Connection refused (os error 111)\n"
+            ),
+            "{args:?}"
+        );
     }
 }
 
@@ -591,4 +611,138 @@ async fn health_exits_0_while_serving_and_1_naming_what_is_not() {
     let port = free_port();
     let down = ctl(&["--server", &format!("http://127.0.0.1:{port}"), "health"]).await;
     assert_eq!(down.code, Some(3), "{down:?}");
+}
+
+/// A tokens file with `lines` (NAME, token, scopes), and a file holding the
+/// token of the first.
+fn scoped_token_files(
+    dir: &crate::support::pki::TempDir,
+    lines: &[(&str, &str, &str)],
+) -> (String, String) {
+    let text: String = lines
+        .iter()
+        .map(|(name, token, scopes)| {
+            format!(
+                "{name} sha256:{} {scopes}\n",
+                hex::encode(outboxd::auth::token_digest(token))
+            )
+        })
+        .collect();
+    let tokens = dir.write("tokens", text);
+    let token_file = dir.write("token", format!("{}\n", lines[0].1));
+    (tokens, token_file)
+}
+
+/// An operator whose token covers only some outboxes (#46): `stats` shows
+/// those and says how many others there are, rather than failing on the
+/// first outbox it may not read.
+#[tokio::test]
+async fn stats_shows_the_outboxes_a_token_may_see_and_counts_the_others() {
+    let dir = crate::support::pki::TempDir::new();
+    let token = format!("{}", Uuid::new_v4().simple());
+    let (tokens, token_file) = scoped_token_files(&dir, &[("orders-ops", &token, "admin:orders")]);
+    let app = TestApp::spawn_with(|args| {
+        two_outboxes(args);
+        args.set("--auth-tokens", tokens.as_str());
+    })
+    .await;
+    let s = server(&app);
+    produce(&app, "public.orders_outbox", "order-1").await;
+    let json = ctl(&[
+        "--server",
+        &s,
+        "--token-file",
+        &token_file,
+        "--output",
+        "json",
+        "stats",
+    ])
+    .await
+    .json();
+    let names: Vec<&str> = json["outboxes"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|o| o["outbox"].as_str())
+        .collect();
+    assert_eq!(names, ["orders"], "{json}");
+    assert_eq!(json["outboxes"][0]["pending"], 1, "{json}");
+    assert_eq!(json["hidden_outboxes"], 1, "{json}");
+
+    let text = ctl(&["--server", &s, "--token-file", &token_file, "stats"]).await;
+    assert_eq!(text.code, Some(0), "{text:?}");
+    assert!(
+        text.stdout.contains("orders") && !text.stdout.lines().any(|l| l.starts_with("default")),
+        "{text:?}"
+    );
+    assert!(
+        text.stdout.contains(
+            "1 more outbox(es) configured, not shown: this credential has no admin scope for them"
+        ),
+        "{text:?}"
+    );
+}
+
+/// `https://` without `--tls-ca` (#46): the certificate is checked against
+/// the system's roots. The test cannot add a CA to the system store, so it
+/// names the bundle in SSL_CERT_FILE, which rustls-native-certs reads in the
+/// store's place: the server's CA there connects, another CA there does not.
+#[tokio::test]
+async fn https_without_a_ca_file_checks_the_server_against_the_system_roots() {
+    use crate::support::pki::{Ca, TempDir};
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let other_ca = Ca::new("someone else's CA");
+    let ca_file = dir.write("ca.crt", server_ca.cert_pem());
+    let other_file = dir.write("other.crt", other_ca.cert_pem());
+    let (cert, key) = server_ca.server(1).write_to(&dir, "tls");
+    let app = TestApp::spawn_with(|args| {
+        args.set("--tls-cert", cert.as_str())
+            .set("--tls-key", key.as_str())
+            .client_tls(server_ca.client_tls());
+    })
+    .await;
+    let s = format!("https://localhost:{}", app.addr.port());
+    let args = ["--server", s.as_str(), "--output", "json", "stats"];
+    let trusted = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(ca_file.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(
+        trusted.json()["outboxes"][0]["outbox"],
+        "default",
+        "{trusted:?}"
+    );
+    let untrusted = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(other_file.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(untrusted.code, Some(3), "another CA's roots: {untrusted:?}");
+    assert!(
+        untrusted.stderr.contains("cannot reach the server at"),
+        "{untrusted:?}"
+    );
+    // No roots at all: a usage error saying what to give instead.
+    let empty = dir.write("empty.pem", "");
+    let none = ctl_with(
+        &args,
+        &[
+            ("SSL_CERT_FILE", Some(empty.as_str())),
+            ("SSL_CERT_DIR", None),
+        ],
+    )
+    .await;
+    assert_eq!(none.code, Some(2), "{none:?}");
+    assert!(
+        none.stderr.contains("no system roots found") && none.stderr.contains("SSL_CERT_FILE"),
+        "{none:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! Shows what outbox-relay published: waits for `--count` messages on a queue,
-//! prints each as one line (message id, routing key, type, the `x-*` headers
-//! and the JSON body), acks them and exits 0. Exits 1, saying why, when
+//! prints each as one line (message id, routing key, type, every header and
+//! the JSON body), acks them and exits 0. Exits 1, saying why, when
 //! `--timeout` passes first or the queue does not exist. It never creates the
 //! queue: a mistyped name would make a new one that nothing is bound to, and
 //! the wait would end in a timeout that hides the mistake.
@@ -120,8 +120,11 @@ async fn consume(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// `message_id=… routing_key=… type=… x-…=… body=…`: the body as compact
-/// JSON (as text when it is not JSON), last, since it may hold spaces.
+/// `message_id=… routing_key=… type=… HEADER=… body=…`: every header, in
+/// name order (the producer's, such as `traceparent`, as well as the relay's
+/// `x-outbox-*`), a value with spaces or quotes as a JSON string so the line
+/// still splits on spaces; the body as compact JSON (as text when it is not
+/// JSON), last, since it may hold spaces.
 fn line(delivery: &Delivery) -> String {
     let p = &delivery.properties;
     let text = |s: &Option<lapin::types::ShortString>| {
@@ -135,9 +138,7 @@ fn line(delivery: &Delivery) -> String {
     );
     if let Some(headers) = p.headers() {
         for (key, value) in headers.inner() {
-            if key.as_str().starts_with("x-") {
-                let _ = write!(out, " {key}={}", header(value));
-            }
+            let _ = write!(out, " {key}={}", quoted(header(value)));
         }
     }
     let body = serde_json::from_slice::<serde_json::Value>(&delivery.data).map_or_else(
@@ -146,6 +147,19 @@ fn line(delivery: &Delivery) -> String {
     );
     let _ = write!(out, " body={body}");
     out
+}
+
+/// `value` as it is, or as a JSON string when it is empty or has a space,
+/// quote or control character that would make the line ambiguous.
+fn quoted(value: String) -> String {
+    if !value.is_empty()
+        && !value
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"')
+    {
+        return value;
+    }
+    serde_json::Value::String(value).to_string()
 }
 
 fn header(value: &AMQPValue) -> String {
@@ -157,5 +171,52 @@ fn header(value: &AMQPValue) -> String {
         AMQPValue::ShortInt(n) => n.to_string(),
         AMQPValue::Boolean(b) => b.to_string(),
         other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::{
+        BasicProperties,
+        types::{FieldTable, LongString, ShortString},
+    };
+
+    use super::*;
+
+    #[test]
+    fn every_header_is_printed_not_only_the_x_ones() {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from("traceparent"),
+            AMQPValue::LongString(LongString::from(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )),
+        );
+        headers.insert(
+            ShortString::from("tenant"),
+            AMQPValue::LongString(LongString::from("acme corp")),
+        );
+        headers.insert(
+            ShortString::from("x-outbox-attempt"),
+            AMQPValue::LongLongInt(2),
+        );
+        let mut delivery = Delivery::mock(
+            1,
+            ShortString::from("outbox"),
+            ShortString::from("order.paid"),
+            false,
+            br#"{"n": 1}"#.to_vec(),
+        );
+        delivery.properties = BasicProperties::default()
+            .with_message_id(ShortString::from("m-1"))
+            .with_type(ShortString::from("order.paid"))
+            .with_headers(headers);
+        assert_eq!(
+            line(&delivery),
+            "message_id=m-1 routing_key=order.paid type=order.paid \
+             tenant=\"acme corp\" \
+             traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 \
+             x-outbox-attempt=2 body={\"n\":1}"
+        );
     }
 }

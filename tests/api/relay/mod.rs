@@ -712,3 +712,41 @@ async fn the_relay_publishes_over_mutual_tls_with_a_token_and_follows_its_rotati
         "nothing reached the broker"
     );
 }
+
+/// `https://` without `--tls-ca` (#46): the relay checks outboxd's
+/// certificate against the system's roots. The test cannot add a CA to the
+/// system store, so it names the bundle in SSL_CERT_FILE (SSL_CERT_DIR an
+/// empty directory), which rustls-native-certs reads in the store's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_trusts_the_system_roots_for_https_without_a_ca_file() {
+    use crate::support::pki::{Ca, TempDir};
+    let _turn = BROKER.lock().await;
+    let dir = TempDir::new();
+    let server_ca = Ca::new("outboxd test CA");
+    let (cert, key) = server_ca.server(1).write_to(&dir, "tls");
+    let ca_file = dir.write("ca.crt", server_ca.cert_pem());
+    let empty = dir.path("no-certs");
+    std::fs::create_dir_all(&empty).expect("an empty directory");
+    let app = TestApp::spawn_with(|args| {
+        args.set("--tls-cert", cert)
+            .set("--tls-key", key)
+            .client_tls(server_ca.client_tls());
+    })
+    .await;
+    let rabbit = Rabbit::bound("#").await;
+    let server = format!("https://localhost:{}", app.addr.port());
+    let relay = Relay::start_with_env(
+        &app,
+        &rabbit,
+        &["--server", &server],
+        &[
+            ("SSL_CERT_FILE", ca_file.clone()),
+            ("SSL_CERT_DIR", empty.display().to_string()),
+        ],
+    );
+    let (committed, _) = produce(app.pool(), 1, 2, 5, 0).await;
+    wait_all_delivered(&app, &rabbit, committed.len(), secs(60)).await;
+    let (status, lines) = relay.terminate_with_output().await;
+    assert!(status.success(), "{lines:#?}");
+    assert_all_arrived(&committed, &tally(&rabbit.drain().await));
+}
