@@ -61,7 +61,12 @@ fn describe(violations: &[FieldViolation]) -> String {
                 Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
                 _ => fields.concat(),
             };
-            format!("{named} {}", same[0].description)
+            let description = same[0].description.as_str();
+            // "a and b is required" reads wrong: the verb agrees with several.
+            match description.strip_prefix("is ") {
+                Some(rest) if same.len() > 1 => format!("{named} are {rest}"),
+                _ => format!("{named} {description}"),
+            }
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -85,6 +90,14 @@ mod tests {
             err.to_string(),
             "invalid request: a, b and c must not be set together; lease_id is required; \
              x must not be set together"
+        );
+        let both = Error::InvalidArgument(vec![
+            v("acks[0].lease_id", "is required"),
+            v("acks[1].lease_id", "is required"),
+        ]);
+        assert_eq!(
+            both.to_string(),
+            "invalid request: acks[0].lease_id and acks[1].lease_id are required"
         );
     }
 }
