@@ -43,9 +43,10 @@ ARG BINARIES=from-build
 #   docker buildx imagetools inspect rust:1.95-bookworm      (the "Digest:" line)
 #   crane digest gcr.io/distroless/cc-debian12:nonroot
 #   skopeo inspect --format '{{.Digest}}' docker://docker.io/library/rust:1.95-bookworm
-# Renovate (the dockerfile manager, pinDigests) and Dependabot (the docker
-# ecosystem) read these literal FROM lines and open a pull request when the tag
-# moves to a new digest (the images are rebuilt for Debian security updates).
+# Renovate (its dockerfile manager) and Dependabot (the docker ecosystem), once
+# enabled for the repository, read these literal FROM lines and open a pull
+# request when the tag moves to a new digest (the images are rebuilt for Debian
+# security updates).
 # They are FROM lines, not ARG defaults, because Dependabot does not read image
 # references out of ARGs (dependabot/dependabot-core#2057). A new Rust release is
 # a new tag: change it together with scripts/check-image's stand-in check (it
