@@ -17,8 +17,7 @@ pub(super) fn authorize<T>(
     wire_outbox: &str,
     request: &Request<T>,
 ) -> Result<Caller, Status> {
-    auth.check(access, wire_outbox, request)
-        .inspect_err(|status| metrics.auth_refused(method, status.code()))
+    admit(auth, metrics, method, access, wire_outbox, request).map(|admitted| admitted.caller())
 }
 
 /// [`authorize`] that keeps the admitted caller, for a call that then
