@@ -704,27 +704,24 @@ async fn https_without_a_ca_file_checks_the_server_against_the_system_roots() {
     .await;
     let s = format!("https://localhost:{}", app.addr.port());
     let args = ["--server", s.as_str(), "--output", "json", "stats"];
-    let trusted = ctl_with(
-        &args,
-        &[
-            ("SSL_CERT_FILE", Some(ca_file.as_str())),
-            ("SSL_CERT_DIR", None),
-        ],
-    )
-    .await;
+    // outboxctl with only the roots in `file`, as rustls-native-certs reads them.
+    let with_roots = |file: String| async move {
+        ctl_with(
+            &args,
+            &[
+                ("SSL_CERT_FILE", Some(file.as_str())),
+                ("SSL_CERT_DIR", None),
+            ],
+        )
+        .await
+    };
+    let trusted = with_roots(ca_file.to_string()).await;
     assert_eq!(
         trusted.json()["outboxes"][0]["outbox"],
         "default",
         "{trusted:?}"
     );
-    let untrusted = ctl_with(
-        &args,
-        &[
-            ("SSL_CERT_FILE", Some(other_file.as_str())),
-            ("SSL_CERT_DIR", None),
-        ],
-    )
-    .await;
+    let untrusted = with_roots(other_file.to_string()).await;
     assert_eq!(untrusted.code, Some(3), "another CA's roots: {untrusted:?}");
     assert!(
         untrusted.stderr.contains("cannot reach the server at"),
@@ -732,14 +729,7 @@ async fn https_without_a_ca_file_checks_the_server_against_the_system_roots() {
     );
     // No roots at all: a usage error saying what to give instead.
     let empty = dir.write("empty.pem", "");
-    let none = ctl_with(
-        &args,
-        &[
-            ("SSL_CERT_FILE", Some(empty.as_str())),
-            ("SSL_CERT_DIR", None),
-        ],
-    )
-    .await;
+    let none = with_roots(empty.to_string()).await;
     assert_eq!(none.code, Some(2), "{none:?}");
     assert!(
         none.stderr.contains("no system roots found") && none.stderr.contains("SSL_CERT_FILE"),
