@@ -486,6 +486,60 @@ async fn a_later_event_waits_for_the_open_earlier_one_when_claims_looked_before_
     }
 }
 
+/// The idempotent producer's retry (issue #47): T2's `INSERT … ON CONFLICT
+/// (id) DO NOTHING` draws its seq and waits for T1, which holds the same id,
+/// without a transaction id of its own; T3 commits a later event of the
+/// aggregate. When T1 rolls back, T2 goes on with an id newer than every
+/// snapshot the guard paired T3's seq with: T3's event must still wait for
+/// T2's, which comes first.
+#[tokio::test]
+async fn an_idempotent_retry_waiting_on_a_conflict_keeps_its_place_in_the_order() {
+    let app = spawn_ordered("").await;
+    let b1 = control(&app).await;
+    let x = Uuid::new_v4();
+    let insert_x = "INSERT INTO public.outbox (id, aggregate_id, event_type, payload) \
+                    VALUES ($1, 'A', 'test.event', '{}') ON CONFLICT (id) DO NOTHING";
+    let mut t1 = open_tx(app.pool()).await;
+    sqlx::query(insert_x)
+        .bind(x)
+        .execute(&mut *t1)
+        .await
+        .expect("T1 inserts X");
+    let mut t2 = open_tx(app.pool()).await;
+    let retry = tokio::spawn(async move {
+        let done = sqlx::query(insert_x)
+            .bind(x)
+            .execute(&mut *t2)
+            .await
+            .expect("T2 retries X");
+        (t2, done.rows_affected())
+    });
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    wait_until(secs(10), "T2 waits for T1", async || {
+        app.db.scalar_i64(waiting).await == 1
+    })
+    .await;
+    let [y] = commit(&app, ["A"]).await;
+    assert!(app_sequence(&app, &y).await > 0, "T3's event is committed");
+    only_the_control_while_t1_is_open(&app, &b1).await;
+
+    t1.rollback().await.expect("T1 rolls back");
+    let (t2, inserted) = retry.await.expect("T2's task");
+    assert_eq!(inserted, 1, "T2 inserted X once T1 was gone");
+    nothing_claimable(&app, secs(1), "T2 is still open").await;
+    t2.commit().await.expect("commit T2");
+
+    let first = next_batch(&app, "w", 10, secs(30)).await;
+    assert_eq!(
+        ids(&first),
+        [x.to_string()],
+        "X, drawn before Y, comes first"
+    );
+    let second = ack_and_claim(&app, &first.lease_id, &x.to_string()).await;
+    assert_eq!(ids(&second), [y], "then Y");
+}
+
 #[tokio::test]
 async fn a_writer_held_open_shows_in_the_holdback_gauge() {
     let app = TestApp::spawn_with(|args| {

@@ -12,7 +12,7 @@ use super::{
         add_lease_aggregate, create_leases, create_table, drop_index, drop_trigger,
         service_columns,
     },
-    statements::leases_table,
+    statements::{epoch_table, leases_table},
 };
 use crate::{
     outbox::{OutboxSpec, TableRef},
@@ -238,6 +238,14 @@ async fn adopt_locked(
                 return Err(missing_gap(format!(
                     "has a lease table {leases} without the aggregate_id column ordered outboxes need"
                 )));
+            }
+            let epoch = epoch_table(table);
+            let has_epoch: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+                .bind(&epoch)
+                .fetch_one(&mut *conn)
+                .await?;
+            if has_epoch.is_none() {
+                return Err(missing_gap(format!("has no epoch table {epoch}")));
             }
         }
     }

@@ -184,6 +184,11 @@ async fn reach(options: &PgConnectOptions, within: Duration) -> Result<u32, Atte
 /// claim and ack would read the whole table (20–30 ms at 20 000 rows,
 /// measured).
 ///
+/// `jit = off`: outboxd's statements each read a few index pages, and with
+/// `enable_seqscan = off` any sequential scan left in a plan (a catalog, a
+/// one-row table) costs it past `jit_above_cost`: compiling it took 0.4 s,
+/// a hundred times the statement (measured on the commit-order probe).
+///
 /// `statement_timeout` and `lock_timeout`: a stalled or locked database
 /// answers an RPC with UNAVAILABLE within the limit instead of holding it as
 /// long as the stall lasts. `client_connection_check_interval` (PostgreSQL 14
@@ -198,6 +203,7 @@ fn session_options(
     let mut settings = vec![
         ("synchronous_commit", "off".to_owned()),
         ("enable_seqscan", "off".to_owned()),
+        ("jit", "off".to_owned()),
         ("statement_timeout", timeout.clone()),
         ("lock_timeout", timeout),
     ];

@@ -23,7 +23,6 @@ use crate::{
 
 const WATCH: &str = include_str!("queries/watch.sql");
 const PROBE: &str = include_str!("queries/probe.sql");
-const GUARD: &str = include_str!("queries/guard.sql");
 
 /// How many times a claim looks when concurrent claims took every row it chose.
 const CLAIM_LOOKS: u32 = 3;
@@ -124,15 +123,32 @@ impl PgOutbox {
         let sent = tokio::time::Instant::now();
         let row = self
             .session
-            .bounded(sqlx::query(GUARD).bind(sequence).fetch_one(&mut **conn))
+            .bounded(
+                sqlx::query(AssertSqlSafe(self.sql().guard.clone()))
+                    .bind(sequence)
+                    .bind(Uuid::new_v4())
+                    .fetch_one(&mut **conn),
+            )
             .await?;
-        Ok(guard.observe(Probe {
+        let resets = guard.resets();
+        let bound = guard.observe(Probe {
             last_value: row.try_get("last_value")?,
             xmin: row.try_get("xmin")?,
             xmax: row.try_get("xmax")?,
+            oldest_start: row.try_get("oldest_start")?,
+            read_at: row.try_get("read_at")?,
+            epoch: row.try_get("epoch")?,
             sent,
             answered: tokio::time::Instant::now(),
-        }))
+        });
+        if guard.resets() > resets {
+            tracing::warn!(
+                outbox = %self.prepared.spec.name,
+                epoch = ?guard.epoch(),
+                "the database lost its epoch (a crash or a failover): the commit-order guard starts over, and fresh ordered events wait for the transactions open now"
+            );
+        }
+        Ok(bound)
     }
 
     fn max_attempts(&self) -> i32 {
@@ -157,154 +173,175 @@ impl OutboxStore for PgOutbox {
     /// it). Claims of other replicas can still collide with it: a claim that
     /// got nothing for that reason looks again, on a snapshot that sees the
     /// other claim's leases, rather than answer "nothing to claim" with a
-    /// backlog waiting.
+    /// backlog waiting. The wait for that turn counts against the call's
+    /// bound ([`Session::call`]): behind a claim the database does not answer,
+    /// the ones queued give up with it instead of one timeout after another.
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        let lease_id = LeaseId::generate();
-        let ordered = self.prepared.spec.ordering.is_ordered();
-        let mut guard = self.prepared.claiming.lock().await;
-        let mut conn = self.session.conn().await?;
-        let mut looks = 0;
-        let mut waited_for_guard = false;
-        let batch = loop {
-            looks += 1;
-            let bound = if ordered {
-                Some(self.guard_bound(&mut guard, &mut conn).await?)
-            } else {
-                None
-            };
-            let mut query = sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
-                .bind(i64::from(req.max_messages))
-                .bind(lease_id.as_uuid())
-                .bind(req.lease)
-                .bind(req.worker_id.as_str())
-                .bind(self.max_attempts())
-                .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
-                .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
-                .bind(
-                    i64::try_from(req.max_event_bytes.min(req.max_message_bytes))
-                        .unwrap_or(i64::MAX),
-                );
-            if let Some(bound) = bound {
-                query = query.bind(bound);
-            }
-            let rows = self.session.bounded(query.fetch_all(&mut *conn)).await?;
-            let (batch, lost) = claimed_batch(lease_id, rows)?;
-            let nothing = batch.messages.is_empty() && batch.dead_lettered.is_empty();
-            if nothing && ordered && !waited_for_guard && guard.behind() {
-                // Events the guard could not vouch for yet may be all there
-                // is (just inserted, or the first claim since start): one
-                // grace later it can, unless a transaction is still open.
-                waited_for_guard = true;
-                tokio::time::sleep(GRACE).await;
-                continue;
-            }
-            if !(nothing && lost > 0 && looks < CLAIM_LOOKS) {
-                break batch;
-            }
-        };
-        conn.finish();
-        Ok(batch)
+        self.session
+            .call(async {
+                let lease_id = LeaseId::generate();
+                let ordered = self.prepared.spec.ordering.is_ordered();
+                let mut guard = self.prepared.claiming.lock().await;
+                let mut conn = self.session.conn().await?;
+                let mut looks = 0;
+                let mut waited_for_guard = false;
+                let batch = loop {
+                    looks += 1;
+                    let bound = if ordered {
+                        Some(self.guard_bound(&mut guard, &mut conn).await?)
+                    } else {
+                        None
+                    };
+                    let mut query = sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
+                        .bind(i64::from(req.max_messages))
+                        .bind(lease_id.as_uuid())
+                        .bind(req.lease)
+                        .bind(req.worker_id.as_str())
+                        .bind(self.max_attempts())
+                        .bind(i64::try_from(req.max_bytes).unwrap_or(i64::MAX))
+                        .bind(i64::try_from(req.max_message_bytes).unwrap_or(i64::MAX))
+                        .bind(
+                            i64::try_from(req.max_event_bytes.min(req.max_message_bytes))
+                                .unwrap_or(i64::MAX),
+                        );
+                    if let Some(bound) = bound {
+                        query = query.bind(bound);
+                    }
+                    let rows = self.session.bounded(query.fetch_all(&mut *conn)).await?;
+                    let (batch, lost) = claimed_batch(lease_id, rows)?;
+                    let nothing = batch.messages.is_empty() && batch.dead_lettered.is_empty();
+                    if nothing && ordered && !waited_for_guard && guard.behind() {
+                        // Events the guard could not vouch for yet may be all there
+                        // is (just inserted, or the first claim since start): one
+                        // grace later it can, unless a transaction is still open.
+                        waited_for_guard = true;
+                        tokio::time::sleep(GRACE).await;
+                        continue;
+                    }
+                    if !(nothing && lost > 0 && looks < CLAIM_LOOKS) {
+                        break batch;
+                    }
+                };
+                conn.finish();
+                Ok(batch)
+            })
+            .await
     }
 
     /// Settles the rows still held in one statement; only ids it did not
     /// settle (lease lost, already settled, unknown) cost a second statement,
     /// which locks and classifies them.
     async fn ack(&self, req: &AckRequest) -> Result<Settled, StoreError> {
-        let lease = req.lease_id.as_uuid();
-        let ids = uuids(&req.message_ids);
-        let mut conn = self.session.conn().await?;
-        let mut rows = self
-            .session
-            .bounded(
-                sqlx::query(AssertSqlSafe(self.sql().ack_held.clone()))
-                    .bind(lease)
-                    .bind(&ids)
-                    .fetch_all(&mut *conn),
-            )
-            .await?;
-        let settled = rows
-            .iter()
-            .map(|row| row.try_get::<Uuid, _>("id"))
-            .collect::<Result<HashSet<_>, _>>()?;
-        let mut rest: Vec<Uuid> = ids.into_iter().filter(|id| !settled.contains(id)).collect();
-        rest.sort_unstable();
-        rest.dedup();
-        if !rest.is_empty() {
-            rows.extend(
-                self.session
+        self.session
+            .call(async {
+                let lease = req.lease_id.as_uuid();
+                let ids = uuids(&req.message_ids);
+                let mut conn = self.session.conn().await?;
+                let mut rows = self
+                    .session
                     .bounded(
-                        sqlx::query(AssertSqlSafe(self.sql().ack.clone()))
+                        sqlx::query(AssertSqlSafe(self.sql().ack_held.clone()))
                             .bind(lease)
-                            .bind(rest)
+                            .bind(&ids)
                             .fetch_all(&mut *conn),
                     )
-                    .await?,
-            );
-        }
-        conn.finish();
-        settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
+                    .await?;
+                let settled = rows
+                    .iter()
+                    .map(|row| row.try_get::<Uuid, _>("id"))
+                    .collect::<Result<HashSet<_>, _>>()?;
+                let mut rest: Vec<Uuid> =
+                    ids.into_iter().filter(|id| !settled.contains(id)).collect();
+                rest.sort_unstable();
+                rest.dedup();
+                if !rest.is_empty() {
+                    rows.extend(
+                        self.session
+                            .bounded(
+                                sqlx::query(AssertSqlSafe(self.sql().ack.clone()))
+                                    .bind(lease)
+                                    .bind(rest)
+                                    .fetch_all(&mut *conn),
+                            )
+                            .await?,
+                    );
+                }
+                conn.finish();
+                settle_results(Settle::Ack, req.lease_id, &req.message_ids, &rows)
+            })
+            .await
     }
 
     async fn nack(&self, req: &NackRequest) -> Result<Settled, StoreError> {
-        let policy = &self.prepared.spec.policy;
-        let schedule = policy
-            .backoff
-            .schedule(policy.max_attempts, &mut rand::rng());
-        let max_attempts = self.max_attempts();
-        let rows = self
-            .settle(
-                &self.sql().nack,
-                req.lease_id,
-                uuids(&req.message_ids),
-                |query| {
-                    query
-                        .bind(&req.error)
-                        .bind(req.retry_after.map(|d| d.as_secs_f64()))
-                        .bind(schedule)
-                        .bind(req.dead_letter)
-                        .bind(max_attempts)
-                },
-            )
-            .await?;
-        settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
+        self.session
+            .call(async {
+                let policy = &self.prepared.spec.policy;
+                let schedule = policy
+                    .backoff
+                    .schedule(policy.max_attempts, &mut rand::rng());
+                let max_attempts = self.max_attempts();
+                let rows = self
+                    .settle(
+                        &self.sql().nack,
+                        req.lease_id,
+                        uuids(&req.message_ids),
+                        |query| {
+                            query
+                                .bind(&req.error)
+                                .bind(req.retry_after.map(|d| d.as_secs_f64()))
+                                .bind(schedule)
+                                .bind(req.dead_letter)
+                                .bind(max_attempts)
+                        },
+                    )
+                    .await?;
+                settle_results(Settle::Nack, req.lease_id, &req.message_ids, &rows)
+            })
+            .await
     }
 
     async fn extend(&self, req: &ExtendRequest) -> Result<Settled, StoreError> {
-        let sql = if req.message_ids.is_empty() {
-            &self.sql().extend_all
-        } else {
-            &self.sql().extend
-        };
-        let rows = self
-            .settle(sql, req.lease_id, uuids(&req.message_ids), |query| {
-                query.bind(req.lease)
+        self.session
+            .call(async {
+                let sql = if req.message_ids.is_empty() {
+                    &self.sql().extend_all
+                } else {
+                    &self.sql().extend
+                };
+                let rows = self
+                    .settle(sql, req.lease_id, uuids(&req.message_ids), |query| {
+                        query.bind(req.lease)
+                    })
+                    .await?;
+                let mut settled = if req.message_ids.is_empty() {
+                    let held: Vec<MessageId> = rows
+                        .iter()
+                        .map(|r| r.try_get::<Uuid, _>("id").map(MessageId::from))
+                        .collect::<Result<_, _>>()?;
+                    settle_results(Settle::Extend, req.lease_id, &held, &rows)?
+                } else {
+                    settle_results(Settle::Extend, req.lease_id, &req.message_ids, &rows)?
+                };
+                // Extending ends no lease.
+                settled.ended.clear();
+                // An expiry only when something was extended: a lost lease has none.
+                let mut expires_at = None;
+                for row in &rows {
+                    if row.try_get::<bool, _>("applied")? {
+                        expires_at = row.try_get("expires_at")?;
+                        break;
+                    }
+                }
+                settled.expires_at = expires_at;
+                Ok(settled)
             })
-            .await?;
-        let mut settled = if req.message_ids.is_empty() {
-            let held: Vec<MessageId> = rows
-                .iter()
-                .map(|r| r.try_get::<Uuid, _>("id").map(MessageId::from))
-                .collect::<Result<_, _>>()?;
-            settle_results(Settle::Extend, req.lease_id, &held, &rows)?
-        } else {
-            settle_results(Settle::Extend, req.lease_id, &req.message_ids, &rows)?
-        };
-        // Extending ends no lease.
-        settled.ended.clear();
-        // An expiry only when something was extended: a lost lease has none.
-        let mut expires_at = None;
-        for row in &rows {
-            if row.try_get::<bool, _>("applied")? {
-                expires_at = row.try_get("expires_at")?;
-                break;
-            }
-        }
-        settled.expires_at = expires_at;
-        Ok(settled)
+            .await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        self.stats_row(&self.sql().stats).await
+        self.session
+            .call(async { self.stats_row(&self.sql().stats).await })
+            .await
     }
 
     async fn gauges(&self) -> Result<Stats, StoreError> {
@@ -352,36 +389,44 @@ impl AdminStore for PgOutbox {
         aggregate_id: Option<&str>,
         page: PageRequest,
     ) -> Result<Page<DeadLetter>, StoreError> {
-        let query = sqlx::query(AssertSqlSafe(self.sql().dead_letters.clone()))
-            .bind(page.after.unwrap_or(i64::MIN))
-            .bind(aggregate_id.map(str::to_owned))
-            .bind(i64::from(page.size) + 1);
-        let items = self
-            .fetch(query)
-            .await?
-            .iter()
-            .map(dead_letter)
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(paged(items, page.size, |d| d.message.sequence))
+        self.session
+            .call(async {
+                let query = sqlx::query(AssertSqlSafe(self.sql().dead_letters.clone()))
+                    .bind(page.after.unwrap_or(i64::MIN))
+                    .bind(aggregate_id.map(str::to_owned))
+                    .bind(i64::from(page.size) + 1);
+                let items = self
+                    .fetch(query)
+                    .await?
+                    .iter()
+                    .map(dead_letter)
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(paged(items, page.size, |d| d.message.sequence))
+            })
+            .await
     }
 
     async fn blocked_keys(&self, page: PageRequest) -> Result<Page<BlockedKey>, StoreError> {
-        let Some(sql) = &self.sql().blocked_keys else {
-            return Ok(Page {
-                items: Vec::new(),
-                next: None,
-            });
-        };
-        let query = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(page.after.unwrap_or(i64::MIN))
-            .bind(i64::from(page.size) + 1);
-        let items = self
-            .fetch(query)
-            .await?
-            .iter()
-            .map(blocked_key)
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(paged(items, page.size, |k| k.sequence))
+        self.session
+            .call(async {
+                let Some(sql) = &self.sql().blocked_keys else {
+                    return Ok(Page {
+                        items: Vec::new(),
+                        next: None,
+                    });
+                };
+                let query = sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(page.after.unwrap_or(i64::MIN))
+                    .bind(i64::from(page.size) + 1);
+                let items = self
+                    .fetch(query)
+                    .await?
+                    .iter()
+                    .map(blocked_key)
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(paged(items, page.size, |k| k.sequence))
+            })
+            .await
     }
 
     /// On an ordered outbox, a redriven head must not go out beside a later
@@ -391,53 +436,69 @@ impl AdminStore for PgOutbox {
     /// running now finish first, so the redrive's commit happens after their
     /// leases are visible, and claims starting later see the redriven head.
     async fn redrive(&self, selector: &RedriveSelector) -> Result<u64, StoreError> {
-        let sql = self.sql();
-        let query = match selector {
-            RedriveSelector::Ids(ids) => {
-                sqlx::query(AssertSqlSafe(sql.redrive_ids.clone())).bind(uuids(ids))
-            }
-            RedriveSelector::Aggregate(aggregate) => {
-                sqlx::query(AssertSqlSafe(sql.redrive_aggregate.clone())).bind(aggregate.clone())
-            }
-            RedriveSelector::All => sqlx::query(AssertSqlSafe(sql.redrive_all.clone())),
-        };
-        let mut conn = self.session.conn().await?;
-        let done = if self.prepared.spec.ordering.is_ordered() {
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "LOCK TABLE {} IN SHARE MODE",
-                leases_table(&self.prepared.spec.table)
-            )))
-            .execute(&mut *tx)
-            .await?;
-            let done = self.session.bounded(query.execute(&mut *tx)).await?;
-            tx.commit().await?;
-            done
-        } else {
-            self.session.bounded(query.execute(&mut *conn)).await?
-        };
-        conn.finish();
-        Ok(done.rows_affected())
+        self.session
+            .call(async {
+                let sql = self.sql();
+                let query = match selector {
+                    RedriveSelector::Ids(ids) => {
+                        sqlx::query(AssertSqlSafe(sql.redrive_ids.clone())).bind(uuids(ids))
+                    }
+                    RedriveSelector::Aggregate(aggregate) => {
+                        sqlx::query(AssertSqlSafe(sql.redrive_aggregate.clone()))
+                            .bind(aggregate.clone())
+                    }
+                    RedriveSelector::All => sqlx::query(AssertSqlSafe(sql.redrive_all.clone())),
+                };
+                let mut conn = self.session.conn().await?;
+                let mut tx = self.session.durable(&mut conn).await?;
+                if self.prepared.spec.ordering.is_ordered() {
+                    self.session
+                        .bounded(
+                            sqlx::query(AssertSqlSafe(format!(
+                                "LOCK TABLE {} IN SHARE MODE",
+                                leases_table(&self.prepared.spec.table)
+                            )))
+                            .execute(&mut *tx),
+                        )
+                        .await?;
+                }
+                let done = self.session.bounded(query.execute(&mut *tx)).await?;
+                self.session.bounded(tx.commit()).await?;
+                conn.finish();
+                Ok(done.rows_affected())
+            })
+            .await
     }
 
     async fn discard(&self, ids: &[MessageId]) -> Result<u64, StoreError> {
-        let mut conn = self.session.conn().await?;
-        let done = self
-            .session
-            .bounded(
-                sqlx::query(AssertSqlSafe(self.sql().discard.clone()))
-                    .bind(uuids(ids))
-                    .execute(&mut *conn),
-            )
-            .await?;
-        conn.finish();
-        Ok(done.rows_affected())
+        self.session
+            .call(async {
+                let mut conn = self.session.conn().await?;
+                let mut tx = self.session.durable(&mut conn).await?;
+                let done = self
+                    .session
+                    .bounded(
+                        sqlx::query(AssertSqlSafe(self.sql().discard.clone()))
+                            .bind(uuids(ids))
+                            .execute(&mut *tx),
+                    )
+                    .await?;
+                self.session.bounded(tx.commit()).await?;
+                conn.finish();
+                Ok(done.rows_affected())
+            })
+            .await
     }
 
     async fn inspect(&self, id: MessageId) -> Result<Option<InspectedMessage>, StoreError> {
-        let query = sqlx::query(AssertSqlSafe(self.sql().inspect.clone())).bind(id.as_uuid());
-        let rows = self.fetch(query).await?;
-        rows.first().map(inspected).transpose()
+        self.session
+            .call(async {
+                let query =
+                    sqlx::query(AssertSqlSafe(self.sql().inspect.clone())).bind(id.as_uuid());
+                let rows = self.fetch(query).await?;
+                rows.first().map(inspected).transpose()
+            })
+            .await
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::{future::Future, time::Duration};
 
-use sqlx::{PgConnection, PgPool, Postgres, pool::PoolConnection};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction, pool::PoolConnection};
 
 use crate::store::StoreError;
 
@@ -49,6 +49,40 @@ impl Session {
                 humantime::format_duration(self.deadline)
             ))),
         }
+    }
+
+    /// Bounds a whole call (waiting for its turn, for a connection, and every
+    /// statement it runs) like one statement: however many calls queue for
+    /// the same lock or connection, each answers within `--statement-timeout`
+    /// and the grace. A statement still running when the bound passes is
+    /// abandoned with its connection (see [`StatementConn`]).
+    pub async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer from the database within {}",
+                humantime::format_duration(self.deadline)
+            ))),
+        }
+    }
+
+    /// A transaction whose commit waits for its WAL to be flushed (and
+    /// replicated to a synchronous standby), whatever the session's
+    /// `synchronous_commit = off` (`connect.rs`). For the writes an operator
+    /// is told were done (Discard, Redrive): one lost in a crash would come
+    /// back as if never answered. Costs a round trip and a flush, fine for a
+    /// call a person makes.
+    pub async fn durable<'c>(
+        &self,
+        conn: &'c mut StatementConn,
+    ) -> Result<Transaction<'c, Postgres>, StoreError> {
+        let mut tx = self.bounded(sqlx::Connection::begin(&mut **conn)).await?;
+        self.bounded(sqlx::query("SET LOCAL synchronous_commit = on").execute(&mut *tx))
+            .await?;
+        Ok(tx)
     }
 
     /// A pooled connection for one call's statements. Queries run on it rather

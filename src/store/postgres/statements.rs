@@ -21,6 +21,7 @@ const DEAD_LETTERS: &str = include_str!("queries/dead_letters.sql");
 const REDRIVE: &str = include_str!("queries/redrive.sql");
 const DISCARD: &str = include_str!("queries/discard.sql");
 const INSPECT: &str = include_str!("queries/inspect.sql");
+const GUARD: &str = include_str!("queries/guard.sql");
 
 /// What keeps an ordered claim to each aggregate's head, in both parts of the
 /// claim (`claim.sql`): no earlier event of the aggregate still unsettled
@@ -81,6 +82,8 @@ pub(crate) struct Statements {
     pub discard: Arc<str>,
     /// One event by id with its live lease (`inspect.sql`).
     pub inspect: Arc<str>,
+    /// One probe of the commit-order guard, with the epoch (`guard.sql`).
+    pub guard: Arc<str>,
 }
 
 impl Statements {
@@ -88,8 +91,14 @@ impl Statements {
     pub fn new(table: &TableRef, delete_on_ack: bool, ordering: Ordering) -> Self {
         let quoted = table.quoted();
         let leases = leases_table(table);
+        let epoch = epoch_table(table);
         let build = |sql: &str| -> Arc<str> {
-            strip_comments(&sql.replace("{table}", &quoted).replace("{leases}", &leases)).into()
+            strip_comments(
+                &sql.replace("{table}", &quoted)
+                    .replace("{leases}", &leases)
+                    .replace("{epoch}", &epoch),
+            )
+            .into()
         };
         let head_only = |poison: Poison| {
             HEAD_ONLY.replace(
@@ -172,6 +181,7 @@ impl Statements {
             redrive_all: redrive("true"),
             discard: build(DISCARD),
             inspect: build(INSPECT),
+            guard: build(GUARD),
         }
     }
 }
@@ -187,6 +197,18 @@ pub(crate) fn leases_table(table: &TableRef) -> String {
 
 /// The lease table's name is the outbox table's with this suffix.
 pub(crate) const LEASES_SUFFIX: &str = "leases";
+
+/// The quoted name of `table`'s epoch table (`schema/leases.sql`).
+pub(crate) fn epoch_table(table: &TableRef) -> String {
+    format!(
+        "\"{}\".\"{}\"",
+        table.schema(),
+        table.object_name(EPOCH_SUFFIX)
+    )
+}
+
+/// The epoch table's name is the outbox table's with this suffix.
+pub(crate) const EPOCH_SUFFIX: &str = "epoch";
 
 #[cfg(test)]
 mod tests {
@@ -225,6 +247,11 @@ mod tests {
             );
         }
         assert!(s.claim.contains("\"sales\".\"outbox_leases\""));
+        assert!(
+            s.guard.contains("\"sales\".\"outbox_epoch\"") && !s.guard.contains('{'),
+            "{}",
+            s.guard
+        );
         assert!(s.ack_held.contains("UPDATE \"sales\".\"outbox\""));
         let deleting = Statements::new(&table, true, Ordering::None);
         assert!(

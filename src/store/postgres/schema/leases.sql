@@ -29,3 +29,14 @@ CREATE INDEX IF NOT EXISTS {leases_expiry_idx} ON {leases} (locked_until);
 -- tables of earlier releases lack the column: adoption adds it first.
 CREATE INDEX IF NOT EXISTS {leases_aggregate_idx} ON {leases} (aggregate_id)
     WHERE aggregate_id IS NOT NULL;
+
+-- The outbox's epoch: one row, stamped by outboxd's commit-order probe
+-- (`queries/guard.sql`). UNLOGGED for what crash recovery does to it: it
+-- empties the table, as a promoted standby starts without it, and that is
+-- how outboxd learns that the database lost sequence values it had read and
+-- drops what it derived from them.
+CREATE UNLOGGED TABLE IF NOT EXISTS {epoch} (
+    id         boolean     PRIMARY KEY DEFAULT true CHECK (id),
+    epoch      uuid        NOT NULL,
+    stamped_at timestamptz NOT NULL DEFAULT now()
+);

@@ -22,7 +22,10 @@
 
 use std::sync::LazyLock;
 
-use super::{one_line, statements::leases_table};
+use super::{
+    one_line,
+    statements::{epoch_table, leases_table},
+};
 use crate::outbox::TableRef;
 
 const TABLE: &str = include_str!("table.sql");
@@ -178,9 +181,12 @@ pub(super) fn drop_trigger(table: &TableRef) -> String {
     )
 }
 
-/// The lease table of `table` and its indexes, each statement idempotent.
+/// The lease table of `table`, its indexes and the epoch table, each
+/// statement idempotent.
 pub(super) fn create_leases(table: &TableRef) -> String {
-    let mut sql = one_line(LEASES).replace("{leases}", &leases_table(table));
+    let mut sql = one_line(LEASES)
+        .replace("{leases}", &leases_table(table))
+        .replace("{epoch}", &epoch_table(table));
     for suffix in [
         "leases_lease_idx",
         "leases_expiry_idx",
