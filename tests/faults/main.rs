@@ -11,6 +11,7 @@ mod ordering;
 mod relay;
 #[path = "../shared/mod.rs"]
 mod shared;
+mod timeouts;
 
 use harness::{Case, Outboxd, Targets};
 use shared::{

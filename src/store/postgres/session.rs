@@ -101,7 +101,7 @@ impl Session {
             None => Box::pin(self.pool.acquire()).await?,
         };
         Ok(StatementConn {
-            conn,
+            conn: Some(conn),
             finished: false,
         })
     }
@@ -114,8 +114,16 @@ impl Session {
 /// client check (`client_connection_check_interval`) rather than running it
 /// out, and no later call waits behind it. A statement that failed closes its
 /// connection too, which costs a reconnect and nothing else.
+///
+/// The socket is dropped, not closed the polite way: sqlx's close sends a
+/// Terminate message first, and on a connection whose statement was given
+/// up that never finished; its close-on-drop timeout (5 s) then let the
+/// backend wait on a lock, holding its place in the lock queue, for as long
+/// as the statement timeout (measured: still waiting 4 s after the deadline,
+/// gone within the 1 s client check when the socket is dropped).
 pub(super) struct StatementConn {
-    conn: PoolConnection<Postgres>,
+    /// `None` only once dropped.
+    conn: Option<PoolConnection<Postgres>>,
     finished: bool,
 }
 
@@ -129,20 +137,23 @@ impl std::ops::Deref for StatementConn {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.conn
+        self.conn.as_ref().expect("live until dropped")
     }
 }
 
 impl std::ops::DerefMut for StatementConn {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.conn
+        self.conn.as_mut().expect("live until dropped")
     }
 }
 
 impl Drop for StatementConn {
     fn drop(&mut self) {
-        if !self.finished {
-            self.conn.close_on_drop();
+        if !self.finished
+            && let Some(conn) = self.conn.take()
+        {
+            // Detached, the pool opens a replacement when it needs one.
+            drop(conn.detach());
         }
     }
 }
