@@ -81,10 +81,13 @@ pub(super) fn start_store_error(db: &DatabaseConfig, what: &str, err: StoreError
 pub(super) async fn run_migrations(db: &DatabaseConfig, pool: &PgPool) -> Result<(), StartError> {
     // A replica waits here while another migrates (sqlx's advisory lock), and
     // a migration may build an index: neither is bounded by the statement
-    // timeout, so migrations get a connection of their own without it.
+    // timeout, so migrations get a connection of their own without it, and
+    // whose commits wait for their WAL flush (a migration lost in a crash
+    // would be applied again over what it left).
     let options = (*pool.connect_options()).clone().options([
         ("statement_timeout", "0"),
         ("lock_timeout", DDL_LOCK_TIMEOUT),
+        ("synchronous_commit", "on"),
     ]);
     let ddl = PgPoolOptions::new()
         .max_connections(1)

@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout)]
 
 mod clusters;
+mod crash;
 mod harness;
 mod history;
 mod ordering;

@@ -43,10 +43,12 @@ pub(crate) async fn adopt(
     // DDL on a large table (an index built concurrently, a rewrite adding
     // `seq`) runs longer than any RPC's statement: no statement timeout here,
     // lock waits bounded by the DDL limit, and the connection is closed
-    // afterwards rather than pooled with these settings.
+    // afterwards rather than pooled with these settings. Its commits wait
+    // for their WAL flush: a table or index created here and lost in a crash
+    // would leave outboxd (and the producers) without it until a restart.
     conn.close_on_drop();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET statement_timeout = 0; SET lock_timeout = '{}'",
+        "SET statement_timeout = 0; SET lock_timeout = '{}'; SET synchronous_commit = on",
         crate::server::DDL_LOCK_TIMEOUT
     )))
     .execute(&mut *conn)
