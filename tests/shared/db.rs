@@ -24,6 +24,9 @@ pub struct TestDb {
     pub pool: PgPool,
     url: Url,
     admin: Url,
+    /// Dropped with its server instead (a private cluster's), which may be
+    /// gone by then.
+    goes_with_server: bool,
 }
 
 impl TestDb {
@@ -34,6 +37,17 @@ impl TestDb {
     /// A database on the server `admin` (a maintenance database's URL)
     /// reaches: for a test that needs a server configured its own way.
     pub async fn create_on(admin: Url) -> Arc<Self> {
+        Self::create_in(admin, false).await
+    }
+
+    /// A database on a server of the test's own (`admin` is its maintenance
+    /// database's URL), not dropped at the end: the server and its files go
+    /// when the test ends, possibly before this handle does.
+    pub async fn create_on_private(admin: Url) -> Arc<Self> {
+        Self::create_in(admin, true).await
+    }
+
+    async fn create_in(admin: Url, goes_with_server: bool) -> Arc<Self> {
         let name = format!("outboxd_test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(admin.as_str())
             .await
@@ -62,6 +76,7 @@ impl TestDb {
             pool,
             url,
             admin,
+            goes_with_server,
         })
     }
 
@@ -114,6 +129,9 @@ async fn run(conn: &mut PgConnection, sql: String) -> Result<(), sqlx::Error> {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if self.goes_with_server {
+            return;
+        }
         let admin = self.admin.to_string();
         let name = self.name.clone();
         // Drop may run inside a runtime (or while a test unwinds), so the cleanup

@@ -103,6 +103,11 @@ impl TestDb {
 /// Cases take turns: each has the machine to itself.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Waits for a turn on the machine, for a test that is not a [`Case`].
+pub async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TURN.lock().await
+}
+
 /// One case: its turn on the machine, its database, its history, its clock.
 pub struct Case {
     _turn: tokio::sync::MutexGuard<'static, ()>,
