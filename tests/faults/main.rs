@@ -9,6 +9,7 @@ mod clusters;
 mod harness;
 mod history;
 mod ordering;
+mod recovery;
 mod relay;
 #[path = "../shared/mod.rs"]
 mod shared;
