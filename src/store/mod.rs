@@ -33,8 +33,19 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// One handle per configured outbox, in configuration order.
     fn outboxes(&self) -> Vec<Self::Outbox>;
 
-    /// Answers when the backend does: the health check.
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Answers when the backend does, saying whether it takes writes: the
+    /// health check. A backend that answers but takes none (a standby in
+    /// recovery) would fail every claim and ack.
+    fn ping(&self) -> impl Future<Output = Result<DbState, StoreError>> + Send;
+}
+
+/// What [`Store::ping`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbState {
+    Writable,
+    /// It answers but takes no writes, for the reason given (in recovery,
+    /// read-only by a setting).
+    ReadOnly(String),
 }
 
 /// One outbox's rows: the lease operations, bound to the outbox's table and

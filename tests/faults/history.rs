@@ -10,7 +10,9 @@
 //!   does to it: the next claim may hand the row out again, as the same attempt);
 //! - no stale ack accepted: an ack accepted under lease L means nobody claimed
 //!   the row after L, neither before the ack (the ack was stale) nor after it
-//!   (a published row came back);
+//!   (a published row came back), unless the server itself failed just after
+//!   the ack (a crash or a failover may undo outboxd's last writes, which do
+//!   not wait for their WAL: a redelivery, never a loss);
 //! - duplicates bounded by what was in flight: deliveries of an event never
 //!   exceed its claims, and no more events were claimed twice than were under
 //!   lease when a fault hit (or nacked, or held past their lease on purpose).
@@ -91,6 +93,12 @@ pub struct Recorded {
     /// When a fault emptied the lease table: leases taken before then may be
     /// followed by a live lease on the same row.
     pub leases_lost: Vec<Duration>,
+    /// When the server itself failed (from the fault's beginning to its end):
+    /// outboxd's writes shortly before or during it may be undone.
+    pub writes_lost: Vec<(Duration, Duration)>,
+    /// Events of producer transactions whose commit failed: committed iff
+    /// they are in the final table.
+    pub in_doubt: HashSet<String>,
     /// Events under a lease while a fault was on (or nacked, or held past their
     /// lease on purpose): the ones allowed to be claimed more than once.
     pub exposed: HashSet<String>,
@@ -135,6 +143,12 @@ impl History {
         self.lock().committed.extend(ids);
     }
 
+    /// Events whose commit failed (the server went away mid-commit): they
+    /// may or may not have been committed.
+    pub fn in_doubt(&self, ids: impl IntoIterator<Item = String>) {
+        self.lock().in_doubt.extend(ids);
+    }
+
     pub fn claim(&self, claim: Claim) {
         self.lock().claims.push(claim);
     }
@@ -164,6 +178,27 @@ impl History {
         let mut rec = self.lock();
         rec.faults.push((at, what.into()));
         rec.leases_lost.push(at);
+    }
+
+    /// The server itself fails (a crash, a failover): the lease table is
+    /// lost, and so may be outboxd's last writes, until [`History::fault_over`].
+    pub fn server_lost(&self, what: impl Into<String>) {
+        let at = self.now();
+        let mut rec = self.lock();
+        rec.faults.push((at, what.into()));
+        rec.leases_lost.push(at);
+        rec.writes_lost.push((at, Duration::MAX));
+    }
+
+    /// The fault that began last is over.
+    pub fn fault_over(&self) {
+        let at = self.now();
+        let mut rec = self.lock();
+        if let Some((_, end)) = rec.writes_lost.last_mut()
+            && *end == Duration::MAX
+        {
+            *end = at;
+        }
     }
 
     pub fn expose(&self, ids: impl IntoIterator<Item = String>) {
@@ -228,6 +263,20 @@ pub struct Verdict {
     pub report: String,
 }
 
+/// How long before a server failure outboxd's writes may still be undone by
+/// it: they commit without waiting for their WAL (`synchronous_commit =
+/// off`), which PostgreSQL's WAL writer flushes (and a standby receives)
+/// within three `wal_writer_delay`s (600 ms by default), or sooner when a
+/// producer's synchronous commit flushes it; with room for a loaded machine.
+const UNDO_WINDOW: Duration = Duration::from_secs(3);
+
+/// Whether the server failing (`lost`, from its beginning to its end) may
+/// have undone a write made during `start..end`.
+fn undone_by(lost: &[(Duration, Duration)], start: Duration, end: Duration) -> bool {
+    lost.iter()
+        .any(|(began, ended)| end.saturating_add(UNDO_WINDOW) >= *began && start <= *ended)
+}
+
 fn accepted(outcome: Outcome) -> bool {
     matches!(outcome, Outcome::Ok | Outcome::AlreadyDone)
 }
@@ -251,6 +300,14 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         });
     };
 
+    // A producer transaction whose commit failed committed iff its rows are there.
+    let committed: HashSet<&str> = rec
+        .committed
+        .iter()
+        .chain(rec.in_doubt.iter().filter(|id| finals.contains_key(*id)))
+        .map(String::as_str)
+        .collect();
+
     // Per message: its claims (with the attempt), settles and deliveries.
     let mut claims: HashMap<&str, Vec<(u32, &Claim)>> = HashMap::new();
     for c in &rec.claims {
@@ -273,11 +330,11 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
     }
 
     // No event lost.
-    for id in &rec.committed {
+    for &id in &committed {
         match finals.get(id) {
             None => v("no event lost", id, "the committed row is gone".into()),
             Some(row) if row.published => {
-                let got = deliveries.get(id.as_str()).map_or(&[][..], Vec::as_slice);
+                let got = deliveries.get(id).map_or(&[][..], Vec::as_slice);
                 // The ack that published the row came from the claim that
                 // holds it last: that claim's publish must have arrived.
                 let under_final = got.iter().any(|d| match (&d.lease_id, d.attempt) {
@@ -309,7 +366,7 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         }
     }
     for id in deliveries.keys() {
-        if !rec.committed.contains(*id) {
+        if !committed.contains(id) {
             v(
                 "no event lost",
                 id,
@@ -392,6 +449,13 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
                 if later <= attempt {
                     continue;
                 }
+                // The server failed just after the ack, which it may have
+                // undone, and the row was claimed again once it was back.
+                if undone_by(&rec.writes_lost, s.start, s.end)
+                    && rec.writes_lost.iter().any(|(began, _)| c.end >= *began)
+                {
+                    continue;
+                }
                 let when = if c.end <= s.start {
                     "before the ack: a stale ack was accepted"
                 } else if c.start >= s.end {
@@ -458,10 +522,24 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
     }
     // The brief's bound is a count (no more events claimed twice than were
     // under lease when a fault hit); checked per event, which implies it.
+    // A server failure exposes, beside what the sampler saw under lease, what
+    // was claimed or settled shortly before it: those writes may be undone.
+    let undone: HashSet<&str> = rec
+        .claims
+        .iter()
+        .filter(|c| undone_by(&rec.writes_lost, c.start, c.end))
+        .flat_map(|c| c.messages.iter().map(|(id, _)| id.as_str()))
+        .chain(
+            rec.settles
+                .iter()
+                .filter(|s| undone_by(&rec.writes_lost, s.start, s.end))
+                .flat_map(|s| s.outcomes.iter().map(|(id, _)| id.as_str())),
+        )
+        .collect();
     let mut outside: Vec<&str> = claimed_twice
         .iter()
         .copied()
-        .filter(|id| !rec.exposed.contains(*id))
+        .filter(|id| !rec.exposed.contains(*id) && !undone.contains(id))
         .collect();
     outside.sort_unstable();
     for id in &outside {
@@ -480,7 +558,7 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
 
     let delivered_ids = deliveries.len();
     let figures = Figures {
-        events: rec.committed.len(),
+        events: committed.len(),
         deliveries: rec.deliveries.len(),
         duplicates: rec.deliveries.len() - delivered_ids,
         claimed_twice: claimed_twice.len(),
@@ -733,6 +811,56 @@ mod tests {
         rec.leases_lost = vec![at(1005)];
         let verdict = check(&rec, &finals);
         assert!(verdict.violations.is_empty(), "{}", verdict.report);
+    }
+
+    #[test]
+    fn an_ack_a_server_failure_undid_may_be_followed_by_a_claim() {
+        // A's ack is accepted; then the row is claimed again by B and
+        // published: a published row leased again, unless the server failed
+        // just after A's ack (which it then may have undone).
+        let rec = || Recorded {
+            committed: ["m".to_owned()].into(),
+            claims: vec![claim("A", "m", 1, 0, 10), claim("B", "m", 2, 2500, 2510)],
+            deliveries: vec![delivery("A", "m", 20), delivery("B", "m", 2520)],
+            settles: vec![
+                ack("A", "m", Outcome::Ok, 100, 110),
+                ack("B", "m", Outcome::Ok, 2530, 2540),
+            ],
+            ..Recorded::default()
+        };
+        let finals = [("m".to_owned(), published("B", 2))].into();
+        assert_eq!(
+            rules(&check(&rec(), &finals)),
+            ["no stale ack accepted", "duplicates bounded"]
+        );
+        let mut failed = rec();
+        failed.leases_lost.push(at(500));
+        failed.writes_lost.push((at(500), at(2000)));
+        let verdict = check(&failed, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        // A failure long after the ack undid nothing of it.
+        let mut later = rec();
+        later.leases_lost.push(at(4000));
+        later.writes_lost.push((at(4000), at(4050)));
+        later.claims[1] = claim("B", "m", 2, 5000, 5010);
+        later.deliveries[1] = delivery("B", "m", 5020);
+        later.settles[1] = ack("B", "m", Outcome::Ok, 5030, 5040);
+        assert_eq!(
+            rules(&check(&later, &finals)),
+            ["no stale ack accepted", "duplicates bounded"]
+        );
+    }
+
+    #[test]
+    fn an_event_in_doubt_counts_as_committed_iff_it_is_in_the_table() {
+        let (mut rec, finals) = good();
+        rec.committed.clear();
+        rec.in_doubt = ["m".to_owned(), "never-committed".to_owned()].into();
+        let verdict = check(&rec, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        assert_eq!(verdict.figures.events, 1);
+        rec.deliveries.clear();
+        assert_eq!(rules(&check(&rec, &finals)), ["no event lost"]);
     }
 
     #[test]

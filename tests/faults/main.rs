@@ -10,6 +10,7 @@ mod crash;
 mod harness;
 mod history;
 mod ordering;
+mod recovery;
 mod relay;
 #[path = "../shared/mod.rs"]
 mod shared;

@@ -7,7 +7,9 @@
 //! - [`Proxy::reset_connections`]: every connection so far is reset (a host
 //!   that vanished and came back at once); new ones are forwarded;
 //! - [`Proxy::stall`] / [`Proxy::resume`]: bytes stop flowing both ways and
-//!   connections stay open (a partition), new ones included.
+//!   connections stay open (a partition), new ones included;
+//! - [`Proxy::retarget`]: new connections go to another server (a failover
+//!   moving the address clients use to the promoted standby).
 
 use std::{
     net::SocketAddr,
@@ -28,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug)]
 struct State {
+    /// Where new connections are forwarded.
+    upstream: SocketAddr,
     /// Set by `take_down`: new connections are reset at once.
     down: bool,
     /// Cancelled by `take_down` and `reset_connections`: ends every
@@ -63,6 +67,7 @@ impl Proxy {
             .expect("bind the proxy on 127.0.0.1:0");
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(Mutex::new(State {
+            upstream,
             down: false,
             live: CancellationToken::new(),
         }));
@@ -70,7 +75,6 @@ impl Proxy {
         let refused = Arc::new(AtomicUsize::new(0));
         let accept = tokio::spawn(accept_loop(
             listener,
-            upstream,
             Arc::clone(&state),
             stalled.clone(),
             Arc::clone(&refused),
@@ -101,6 +105,18 @@ impl Proxy {
     /// "Server back": new connections are forwarded again.
     pub fn bring_back(&self) {
         lock(&self.inner.state).down = false;
+    }
+
+    /// Forwards new connections to `upstream` from now on. Connections so far
+    /// stay with the old server until it drops them, or [`Proxy::take_down`]
+    /// or [`Proxy::reset_connections`] ends them.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        lock(&self.inner.state).upstream = upstream;
+    }
+
+    /// Where new connections are forwarded.
+    pub fn upstream(&self) -> SocketAddr {
+        lock(&self.inner.state).upstream
     }
 
     /// Resets every connection forwarded so far; new ones are forwarded.
@@ -139,7 +155,6 @@ impl Drop for Inner {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
     state: Arc<Mutex<State>>,
     stalled: watch::Sender<bool>,
     refused: Arc<AtomicUsize>,
@@ -154,9 +169,9 @@ async fn accept_loop(
         // runs is either refused here or ended by the token it cancels.
         let live = {
             let state = lock(&state);
-            (!state.down).then(|| state.live.clone())
+            (!state.down).then(|| (state.live.clone(), state.upstream))
         };
-        let Some(live) = live else {
+        let Some((live, upstream)) = live else {
             // A reset, like a host that is gone.
             let _ = inbound.set_zero_linger();
             drop(inbound);

@@ -15,6 +15,8 @@ struct FakeLeases(Arc<Mutex<Script>>);
 #[derive(Default)]
 struct Script {
     claims: VecDeque<Result<pb::ClaimBatchResponse, Status>>,
+    /// Answers for the next Ack calls, before they succeed.
+    ack_failures: VecDeque<Status>,
     /// Every ack applied, in order: Ack calls and acks a claim carried.
     acks: Vec<pb::AckRequest>,
     /// The leases whose acks came by Ack call, in order.
@@ -71,9 +73,12 @@ impl Leases for FakeLeases {
         let results = ok_results(&req.message_ids);
         self.script(|s| {
             s.ack_calls.push(req.lease_id.clone());
+            if let Some(failure) = s.ack_failures.pop_front() {
+                return Err(failure);
+            }
             s.acks.push(req);
-        });
-        Ok(pb::AckResponse { results })
+            Ok(pb::AckResponse { results })
+        })
     }
 
     async fn nack(&self, req: pb::NackRequest) -> Result<pb::NackResponse, Status> {
@@ -424,6 +429,46 @@ async fn without_ack_with_claim_every_ack_is_a_call() {
     leases.script(|s| {
         assert!(s.carried.iter().all(Vec::is_empty), "{:?}", s.carried);
         assert_eq!(s.ack_calls, ["lease-a", "lease-b", "lease-c"]);
+    });
+}
+
+/// outboxd answers UNAVAILABLE while its database is a standby in recovery
+/// (a failover): the settle is retried until it lands, not dropped.
+#[tokio::test(start_paused = true)]
+async fn an_ack_answered_unavailable_is_retried() {
+    let publisher = FakePublisher::new(Duration::ZERO);
+    let leases = FakeLeases::default();
+    leases.script(|s| {
+        s.ack_failures = [
+            Status::unavailable("database unavailable; retry with backoff"),
+            Status::unavailable("database unavailable; retry with backoff"),
+        ]
+        .into();
+    });
+    let stop = CancellationToken::new();
+    leases.script(|s| {
+        s.claims = [Ok(batch(&["ok"]))].into();
+        s.stop_when_empty = Some(stop.clone());
+    });
+    let settings = Arc::new(Settings {
+        outbox: "default".into(),
+        worker_id: "w1".into(),
+        batch_size: 10,
+        lease: Duration::from_secs(30),
+        wait: Duration::from_secs(1),
+        claim_ahead: true,
+        ack_with_claim: false,
+    });
+    Worker::new(leases.clone(), publisher, settings, Arc::default())
+        .run(stop)
+        .await;
+    leases.script(|s| {
+        assert_eq!(
+            s.ack_calls.len(),
+            3,
+            "two answered UNAVAILABLE, the third landed"
+        );
+        assert_eq!(s.acks.len(), 1);
     });
 }
 

@@ -1,7 +1,9 @@
 //! Reaching the database at start. A refusal that no retry can fix (a wrong
 //! role or password, a database that does not exist) ends start-up at once; a
 //! database that is down, starting or out of connections is retried with
-//! backoff, and each new cause is logged when it first appears.
+//! backoff, and one that answers but takes no writes (a standby, during a
+//! failover) is asked again every second; each new cause is logged when it
+//! first appears.
 
 use std::time::Duration;
 
@@ -12,7 +14,14 @@ use sqlx::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::error::{is_refusal, is_transient, refusal};
+use super::{
+    error::{is_refusal, is_transient, refusal},
+    writable::read_only_reason,
+};
+
+/// How often start-up asks a database that takes no writes whether it does
+/// now: a promotion is over in seconds, and each question is one statement.
+const READ_ONLY_POLL: Duration = Duration::from_secs(1);
 
 /// What start-up needs to open the pool.
 #[derive(Debug, Clone)]
@@ -48,6 +57,15 @@ pub enum ConnectError {
         waited: String,
         cause: String,
     },
+    /// Still taking no writes when the start-up deadline passed.
+    #[error(
+        "database {url} still takes no writes after {waited} ({reason}); point DATABASE_URL at the primary, or wait longer with --db-start-timeout"
+    )]
+    ReadOnly {
+        url: String,
+        waited: String,
+        reason: String,
+    },
     #[error("shutdown before the database became reachable")]
     Cancelled,
 }
@@ -56,13 +74,20 @@ pub enum ConnectError {
 enum Attempt {
     Refused(String),
     Transient(String),
+    /// It answers but takes no writes, for this reason.
+    ReadOnly(String),
 }
 
-/// Opens the pool once the database accepts a session of outboxd's.
+/// Opens the pool once the database accepts a session of outboxd's and takes
+/// writes.
 ///
 /// Each attempt is one connection of its own, not the pool's: a pool retries
 /// refused connections until its acquire timeout and then reports only that
 /// it timed out, which hides the cause an operator needs.
+///
+/// A standby is waited for like a database that is down, within the same
+/// `give_up_after`: during a failover the promotion comes in seconds, and
+/// migrations (or any claim) on it could only fail.
 pub async fn connect(
     settings: &ConnectSettings,
     cancel: &CancellationToken,
@@ -71,6 +96,7 @@ pub async fn connect(
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
     let mut last_cause: Option<String> = None;
+    let mut was_read_only = false;
     let mut pool: Option<PgPool> = None;
     loop {
         let failure = match reach(&options, settings.acquire_timeout).await {
@@ -93,14 +119,24 @@ pub async fn connect(
                         ))
                 });
                 match pool.acquire().await {
-                    Ok(conn) => {
-                        drop(conn);
-                        if last_cause.is_some() {
-                            tracing::info!(database = %settings.display_url, "database reachable again");
+                    Ok(mut conn) => match read_only_reason(&mut conn).await {
+                        Ok(None) => {
+                            drop(conn);
+                            if was_read_only {
+                                tracing::info!(database = %settings.display_url, "database accepts writes");
+                            } else if last_cause.is_some() {
+                                tracing::info!(database = %settings.display_url, "database reachable again");
+                            }
+                            tracing::info!(database = %settings.display_url, "connected to database");
+                            return Ok(pool.clone());
                         }
-                        tracing::info!(database = %settings.display_url, "connected to database");
-                        return Ok(pool.clone());
-                    }
+                        Ok(Some(reason)) => Attempt::ReadOnly(reason),
+                        Err(err) => {
+                            // Not back into the pool: it may be broken.
+                            conn.close_on_drop();
+                            classify(&err)
+                        }
+                    },
                     Err(sqlx::Error::PoolTimedOut) => Attempt::Transient(format!(
                         "no pooled connection within {}",
                         humantime::format_duration(settings.acquire_timeout)
@@ -110,7 +146,7 @@ pub async fn connect(
             }
             Err(attempt) => attempt,
         };
-        let cause = match failure {
+        let (cause, read_only) = match failure {
             Attempt::Refused(reason) => {
                 return Err(ConnectError::Refused {
                     url: settings.display_url.clone(),
@@ -118,37 +154,53 @@ pub async fn connect(
                     reason,
                 });
             }
-            Attempt::Transient(cause) => cause,
+            Attempt::Transient(cause) => (cause, false),
+            Attempt::ReadOnly(reason) => (reason, true),
         };
-        let mut pause = backoff;
+        let mut pause = if read_only { READ_ONLY_POLL } else { backoff };
         if let Some(limit) = settings.give_up_after {
             let Some(left) = limit
                 .checked_sub(started.elapsed())
                 .filter(|l| !l.is_zero())
             else {
-                return Err(ConnectError::Unreachable {
-                    url: settings.display_url.clone(),
-                    waited: humantime::format_duration(limit).to_string(),
-                    cause,
+                let url = settings.display_url.clone();
+                let waited = humantime::format_duration(limit).to_string();
+                return Err(if read_only {
+                    ConnectError::ReadOnly {
+                        url,
+                        waited,
+                        reason: cause,
+                    }
+                } else {
+                    ConnectError::Unreachable { url, waited, cause }
                 });
             };
             pause = pause.min(left);
         }
-        if last_cause.as_deref() != Some(cause.as_str()) {
+        if last_cause.as_deref() == Some(cause.as_str()) {
+            tracing::debug!(database = %settings.display_url, cause = %cause, "database still not ready");
+        } else if read_only {
+            tracing::warn!(
+                database = %settings.display_url,
+                reason = %cause,
+                "database does not accept writes; waiting until it does"
+            );
+        } else {
             tracing::warn!(
                 database = %settings.display_url,
                 cause = %cause,
                 "database not reachable; retrying with backoff"
             );
-        } else {
-            tracing::debug!(database = %settings.display_url, cause = %cause, "database still not reachable");
         }
         last_cause = Some(cause);
+        was_read_only = read_only;
         tokio::select! {
             () = cancel.cancelled() => return Err(ConnectError::Cancelled),
             () = tokio::time::sleep(pause) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        if !read_only {
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
     }
 }
 
@@ -264,7 +316,7 @@ mod tests {
         let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         match classify(&sqlx::Error::Io(io)) {
             Attempt::Transient(cause) => assert_eq!(cause, "connection refused"),
-            Attempt::Refused(reason) => panic!("refused: {reason}"),
+            Attempt::Refused(reason) | Attempt::ReadOnly(reason) => panic!("{reason}"),
         }
     }
 
@@ -276,7 +328,7 @@ mod tests {
         );
         match classify(&sqlx::Error::Io(io)) {
             Attempt::Refused(reason) => assert!(reason.contains("sslmode"), "{reason}"),
-            Attempt::Transient(cause) => panic!("retried: {cause}"),
+            Attempt::Transient(cause) | Attempt::ReadOnly(cause) => panic!("retried: {cause}"),
         }
     }
 }

@@ -12,7 +12,12 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Protocol(_) => Self::Unavailable(err.to_string()),
             sqlx::Error::Database(db) => match db.code().as_deref() {
-                Some(code) if is_transient(code) => Self::Unavailable(err.to_string()),
+                Some(code) if is_transient(code) || code == IN_RECOVERY => {
+                    Self::Unavailable(match read_only_hint(code) {
+                        Some(hint) => format!("{err}; {hint}"),
+                        None => err.to_string(),
+                    })
+                }
                 Some("42P01") | Some("42703") => Self::Schema(format!(
                     "outbox table changed under outboxd ({db}); restart to re-check it"
                 )),
@@ -24,11 +29,19 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// `feature_not_supported`: in general no retry fixes it, but outboxd's
+/// statements are fixed (and tested on every supported version), so what
+/// raises it for them is a standby refusing the unlogged lease table ("cannot
+/// access temporary or unlogged relations during recovery"), and the same
+/// statement succeeds once it is promoted. Transient for statements only, not
+/// at log-in, where a proxy may use it to refuse outboxd's options for good.
+const IN_RECOVERY: &str = "0A000";
+
 /// SQLSTATEs after which the same statement may succeed later: lost or refused
 /// connections (class 08), shutdown and recovery (57P0x), a statement or lock
 /// wait that ran past its timeout (57014, 55P03), lack of resources
 /// (class 53), serialization failures and deadlocks (40001, 40P01), and a read-only
-/// standby or a failover in progress (25006).
+/// standby or a failover in progress (25006; and [`IN_RECOVERY`] for a statement).
 pub(crate) fn is_transient(code: &str) -> bool {
     code.starts_with("08")
         || code.starts_with("53")
@@ -36,6 +49,20 @@ pub(crate) fn is_transient(code: &str) -> bool {
             code,
             "57P01" | "57P02" | "57P03" | "57014" | "40001" | "40P01" | "25006" | "55P03"
         )
+}
+
+/// What a refused write says about the database, for the log: PostgreSQL's
+/// words name neither the standby nor the failover an operator must look for.
+fn read_only_hint(code: &str) -> Option<&'static str> {
+    match code {
+        IN_RECOVERY => Some(
+            "the database is probably a standby in recovery (a failover in progress?): outboxd needs the primary",
+        ),
+        "25006" => Some(
+            "the database is read-only (a standby, or default_transaction_read_only): outboxd needs the primary",
+        ),
+        _ => None,
+    }
 }
 
 /// SQLSTATEs that no retry can fix: invalid authorization (class 28), a
@@ -78,7 +105,7 @@ mod tests {
 
     #[test]
     fn transient_sqlstates() {
-        for code in ["08006", "57P01", "53300", "40P01"] {
+        for code in ["08006", "57P01", "53300", "40P01", "25006"] {
             assert!(is_transient(code), "{code}");
         }
         for code in ["23505", "42P01", "22P02"] {

@@ -12,6 +12,7 @@ mod schema;
 mod session;
 mod statements;
 mod watchdog;
+mod writable;
 
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ pub use outbox::PgOutbox;
 
 use crate::{
     outbox::OutboxSpec,
-    store::{OutboxStore, Store, StoreError},
+    store::{DbState, OutboxStore, Store, StoreError},
 };
 
 /// The PostgreSQL store. Cheap to clone; all clones share one pool.
@@ -78,11 +79,11 @@ impl Store for PgStore {
         self.outboxes.clone()
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<DbState, StoreError> {
         let mut conn = self.session.conn().await?;
-        sqlx::query("SELECT 1").execute(&mut *conn).await?;
+        let reason = writable::read_only_reason(&mut conn).await?;
         conn.finish();
-        Ok(())
+        Ok(reason.map_or(DbState::Writable, DbState::ReadOnly))
     }
 }
 

@@ -12,12 +12,13 @@ use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
     process::Stdio,
-    sync::Arc,
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
 use outboxd::grpc::pb::{GetStatsRequest, outbox_service_client::OutboxServiceClient};
 use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
     process::{Child, Command},
     task::JoinHandle,
     time::Instant,
@@ -27,7 +28,9 @@ use crate::{
     history::{self, Figures, FinalRow, History},
     shared::{
         bins,
+        cluster::PrivateCluster,
         db::TestDb,
+        proxy::Proxy,
         wait::{secs, wait_until},
     },
 };
@@ -42,12 +45,17 @@ const WORKERS: usize = 4;
 impl TestDb {
     /// Events neither published nor dead-lettered.
     pub async fn pending(&self) -> i64 {
+        self.try_pending().await.expect("count pending events")
+    }
+
+    /// As [`TestDb::pending`], or the error: the server may be coming back
+    /// from a fault of its own.
+    pub async fn try_pending(&self) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await
-        .expect("count pending events")
     }
 
     pub async fn published(&self) -> i64 {
@@ -100,6 +108,13 @@ impl TestDb {
     }
 }
 
+/// Whether the fault suite runs in its full form (`OUTBOXD_FAULTS_FULL=1`):
+/// cases that support it run more rounds of their fault over more events.
+/// The short form, the default and CI's, keeps every case under a minute.
+pub fn full_form() -> bool {
+    std::env::var("OUTBOXD_FAULTS_FULL").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Cases take turns: each has the machine to itself.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -114,10 +129,14 @@ pub struct Case {
     pub began: Instant,
     pub db: Arc<TestDb>,
     pub history: History,
+    /// The server under `db` when it is the case's own; last, so it stops
+    /// after everything that uses it.
+    cluster: Option<PrivateCluster>,
 }
 
 impl Case {
-    /// Waits for the case's turn, then gives it a database of its own.
+    /// Waits for the case's turn, then gives it a database of its own on the
+    /// shared server.
     pub async fn begin() -> Self {
         let turn = TURN.lock().await;
         Self {
@@ -125,7 +144,54 @@ impl Case {
             began: Instant::now(),
             db: TestDb::create().await,
             history: History::new(),
+            cluster: None,
         }
+    }
+
+    /// As [`Case::begin`], on a PostgreSQL cluster of the case's own
+    /// ([`Case::cluster`]), for faults that hit the server itself (a crash):
+    /// the case's own connections (producers, sampler, the final read) reach
+    /// it straight, and come back when it does.
+    pub async fn begin_private() -> Self {
+        let turn = TURN.lock().await;
+        let cluster = PrivateCluster::start().await;
+        Self {
+            _turn: turn,
+            began: Instant::now(),
+            db: cluster.create_db().await,
+            history: History::new(),
+            cluster: Some(cluster),
+        }
+    }
+
+    /// As [`Case::begin_private`], with the case's database reached through
+    /// the returned proxy (`db.url()` is the proxy's), for a failover: the
+    /// proxy is the address that moves to the promoted standby
+    /// ([`Proxy::retarget`]), and the case's own connections follow it as
+    /// outboxd's do.
+    pub async fn begin_private_behind_proxy() -> (Self, Proxy) {
+        let turn = TURN.lock().await;
+        let cluster = PrivateCluster::start().await;
+        let proxy = Proxy::start(cluster.addr()).await;
+        let mut admin = cluster.admin_url();
+        admin
+            .set_port(Some(proxy.addr().port()))
+            .expect("a postgres URL takes a port");
+        let case = Self {
+            _turn: turn,
+            began: Instant::now(),
+            db: TestDb::create_on_private(admin).await,
+            history: History::new(),
+            cluster: Some(cluster),
+        };
+        (case, proxy)
+    }
+
+    /// The case's own PostgreSQL cluster (the primary it began on).
+    pub fn cluster(&self) -> &PrivateCluster {
+        self.cluster
+            .as_ref()
+            .expect("a case begun on a private cluster (Case::begin_private)")
     }
 
     /// Workers on `targets`, the sampler, and producers committing `events`
@@ -170,11 +236,70 @@ pub fn child_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
+/// As [`child_command`], logging at INFO to pipes that [`Log::collect`] reads.
+pub fn logged_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = child_command(program);
+    command
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// A child's output, kept as it comes, for a case that reads its log.
+#[derive(Debug, Clone, Default)]
+pub struct Log(Arc<Mutex<String>>);
+
+impl Log {
+    /// Collects the piped stdout and stderr of `child` (see [`logged_command`]).
+    pub fn collect(child: &mut Child) -> Self {
+        let log = Self::default();
+        if let Some(out) = child.stdout.take() {
+            log.read(out);
+        }
+        if let Some(err) = child.stderr.take() {
+            log.read(err);
+        }
+        log
+    }
+
+    fn read(&self, stream: impl AsyncRead + Unpin + Send + 'static) {
+        let into = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut text = into.lock().unwrap_or_else(PoisonError::into_inner);
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+    }
+
+    pub fn text(&self) -> String {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The lines so far that contain `part`.
+    pub fn lines_with(&self, part: &str) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|line| line.contains(part))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 /// outboxd as a child process, killed when dropped.
 #[derive(Debug)]
 pub struct Outboxd {
     child: Child,
     pub addr: SocketAddr,
+    /// Its output, when started with [`Outboxd::spawn_logged`].
+    log: Option<Log>,
 }
 
 impl Outboxd {
@@ -186,7 +311,35 @@ impl Outboxd {
     /// As [`Outboxd::start`], with further arguments (`--outbox ...`).
     pub async fn start_with(database_url: &str, port: u16, extra: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let child = child_command(bins::outboxd())
+        let child = Self::args(child_command(bins::outboxd()), database_url, addr, extra)
+            .spawn()
+            .expect("spawn outboxd");
+        let server = Self {
+            child,
+            addr,
+            log: None,
+        };
+        server.serving().await;
+        server
+    }
+
+    /// Starts outboxd without waiting for it to serve, its log (INFO and up)
+    /// kept in [`Outboxd::log`]: for a case about how it starts.
+    pub fn spawn_logged(database_url: &str, port: u16, extra: &[&str]) -> Self {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut child = Self::args(logged_command(bins::outboxd()), database_url, addr, extra)
+            .spawn()
+            .expect("spawn outboxd");
+        let log = Log::collect(&mut child);
+        Self {
+            child,
+            addr,
+            log: Some(log),
+        }
+    }
+
+    fn args(mut command: Command, database_url: &str, addr: SocketAddr, extra: &[&str]) -> Command {
+        command
             .args(["--database-url", database_url])
             .args(["--listen", &addr.to_string()])
             .args(["--metrics-listen", "127.0.0.1:0"])
@@ -194,26 +347,37 @@ impl Outboxd {
             .args(["--health-interval", "200ms"])
             .args(["--db-acquire-timeout", "1s"])
             .args(["--drain-timeout", "2s"])
-            .args(extra)
-            .spawn()
-            .expect("spawn outboxd");
-        let server = Self { child, addr };
-        server.serving().await;
-        server
+            .args(extra);
+        command
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
+    /// Its output; only for one started with [`Outboxd::spawn_logged`].
+    pub fn log(&self) -> &Log {
+        self.log
+            .as_ref()
+            .expect("an outboxd started with Outboxd::spawn_logged")
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("ask whether outboxd exited")
+    }
+
     /// Waits until a GetStats answers: the database is reached and migrated.
-    async fn serving(&self) {
+    /// Each try is bounded: outboxd listens before it serves, so a call made
+    /// while it waits for its database is accepted and left unanswered.
+    pub async fn serving(&self) {
         let url = self.url();
         wait_until(secs(60), "outboxd serves", async || {
-            let Ok(mut client) = OutboxServiceClient::connect(url.clone()).await else {
-                return false;
+            let call = async {
+                let mut client = OutboxServiceClient::connect(url.clone()).await.ok()?;
+                client.get_stats(GetStatsRequest::default()).await.ok()
             };
-            client.get_stats(GetStatsRequest::default()).await.is_ok()
+            matches!(tokio::time::timeout(secs(2), call).await, Ok(Some(_)))
         })
         .await;
     }
@@ -227,7 +391,8 @@ impl Outboxd {
 /// Waits until every committed event is settled, then stops the sampler and the workers.
 pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
     wait_until(secs(120), "every committed event is settled", async || {
-        db.pending().await == 0
+        // An error is a server still coming back from a fault: ask again.
+        db.try_pending().await.is_ok_and(|n| n == 0)
     })
     .await;
     sampler.stop().await;

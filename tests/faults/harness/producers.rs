@@ -9,7 +9,9 @@ use uuid::Uuid;
 use crate::history::History;
 
 /// Producers: `tasks` tasks commit `total` events between them in transactions
-/// of ten, spread over `spread`; every seventh transaction rolls back.
+/// of ten, spread over `spread`; every seventh transaction rolls back. A
+/// transaction the server fails is not counted, and its events are in doubt
+/// when the commit itself failed (see `History::in_doubt`).
 pub fn produce(pool: &PgPool, history: &History, total: usize, spread: Duration) -> JoinHandle<()> {
     const TASKS: usize = 4;
     const PER_TX: usize = 10;
@@ -24,23 +26,16 @@ pub fn produce(pool: &PgPool, history: &History, total: usize, spread: Duration)
                 while committed < txs {
                     t += 1;
                     let ids: Vec<Uuid> = (0..PER_TX).map(|_| Uuid::new_v4()).collect();
-                    let mut tx = pool.begin().await.expect("begin");
-                    sqlx::query(
-                        "INSERT INTO outbox (id, aggregate_id, event_type, payload)
-                         SELECT id, 'agg-' || $2 || '-' || n, 'fault.test', jsonb_build_object('n', n)
-                         FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, n)",
-                    )
-                    .bind(&ids)
-                    .bind(task.to_string())
-                    .execute(&mut *tx)
-                    .await
-                    .expect("insert events");
-                    if t % 7 == 0 {
-                        tx.rollback().await.expect("rollback");
-                    } else {
-                        tx.commit().await.expect("commit");
-                        history.committed(ids.iter().map(Uuid::to_string));
-                        committed += 1;
+                    match transaction(&pool, &ids, task, t % 7 == 0).await {
+                        Ok(true) => {
+                            history.committed(ids.iter().map(Uuid::to_string));
+                            committed += 1;
+                        }
+                        Ok(false) => {}
+                        // The server failed (a crash, a failover): nothing was
+                        // committed, or maybe it was; the final table tells.
+                        Err(Failed::Before) => {}
+                        Err(Failed::AtCommit) => history.in_doubt(ids.iter().map(Uuid::to_string)),
                     }
                     // The producers' pace: `total` events spread over `spread`.
                     sleep(pause).await;
@@ -53,6 +48,41 @@ pub fn produce(pool: &PgPool, history: &History, total: usize, spread: Duration)
             handle.await.expect("a producer panicked");
         }
     })
+}
+
+/// How a producer's transaction failed: before its commit was sent (nothing
+/// committed), or at the commit (committed or not, nobody knows).
+enum Failed {
+    Before,
+    AtCommit,
+}
+
+/// Inserts `ids` in one transaction and commits it (`Ok(true)`), or rolls
+/// it back (`Ok(false)`) when `roll_back`.
+async fn transaction(
+    pool: &PgPool,
+    ids: &[Uuid],
+    task: usize,
+    roll_back: bool,
+) -> Result<bool, Failed> {
+    let mut tx = pool.begin().await.map_err(|_| Failed::Before)?;
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload)
+         SELECT id, 'agg-' || $2 || '-' || n, 'fault.test', jsonb_build_object('n', n)
+         FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, n)",
+    )
+    .bind(ids)
+    .bind(task.to_string())
+    .execute(&mut *tx)
+    .await
+    .map_err(|_| Failed::Before)?;
+    if roll_back {
+        // A failed rollback leaves nothing committed either.
+        let _ = tx.rollback().await;
+        return Ok(false);
+    }
+    tx.commit().await.map_err(|_| Failed::AtCommit)?;
+    Ok(true)
 }
 
 /// Commits `n` events in one transaction: a backlog that appears at once.

@@ -31,16 +31,19 @@ pub struct Sampler {
     history: History,
 }
 
-/// Adds the rows under a live lease to the exposed ones.
+/// Adds the rows under a live lease to the exposed ones. A sample the server
+/// fails (it is down, crashed, failing over) finds nothing: what a server
+/// that is gone has under lease is gone with its lease table.
 async fn sample(pool: &PgPool, history: &History) {
-    let leased: Vec<String> = sqlx::query_scalar(
+    let leased: Result<Vec<String>, _> = sqlx::query_scalar(
         "SELECT o.id::text FROM outbox AS o JOIN outbox_leases AS l ON l.id = o.id
          WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL AND l.locked_until > now()",
     )
     .fetch_all(pool)
-    .await
-    .expect("sample the leased rows");
-    history.expose(leased);
+    .await;
+    if let Ok(leased) = leased {
+        history.expose(leased);
+    }
 }
 
 fn until(m: &Mutex<Option<Instant>>) -> MutexGuard<'_, Option<Instant>> {
@@ -91,6 +94,16 @@ impl Sampler {
         self.expose_from_now().await;
     }
 
+    /// The server itself fails (a crash, a failover to a standby), which
+    /// empties the lease table, as `begin_lease_loss`, and may undo outboxd's
+    /// last writes, which commit without waiting for their WAL
+    /// (`synchronous_commit = off`): the checker lets the rows settled just
+    /// before now be claimed again (see `History::server_lost`).
+    pub async fn begin_server_loss(&self, what: impl Into<String>) {
+        self.history.server_lost(what);
+        self.expose_from_now().await;
+    }
+
     async fn expose_from_now(&self) {
         sample(&self.pool, &self.history).await;
         *until(&self.until) = Some(Instant::now() + secs(3600));
@@ -98,6 +111,7 @@ impl Sampler {
 
     /// The fault is over: keep sampling through its aftermath.
     pub fn end(&self) {
+        self.history.fault_over();
         *until(&self.until) = Some(Instant::now() + AFTERMATH);
     }
 
