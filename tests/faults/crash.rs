@@ -12,7 +12,9 @@ use outboxd::grpc::pb::{
     ClaimBatchRequest, ClaimBatchResponse, DiscardRequest, RedriveRequest,
     outbox_admin_client::OutboxAdminClient, outbox_service_client::OutboxServiceClient,
 };
-use sqlx::{Connection, PgConnection};
+use std::{sync::Arc, time::Duration};
+
+use sqlx::{Connection, PgConnection, postgres::PgPoolOptions};
 use tonic::transport::Channel;
 use uuid::Uuid;
 
@@ -22,6 +24,7 @@ use crate::{
         cluster::PrivateCluster,
         db::TestDb,
         net::free_port,
+        proxy::Proxy,
         wait::{secs, wait_until},
     },
 };
@@ -109,56 +112,88 @@ fn ids(batch: &ClaimBatchResponse) -> Vec<String> {
     batch.messages.iter().map(|m| m.id.clone()).collect()
 }
 
+/// What rewinds the sequence below what the guard read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rewind {
+    /// The server crashes and recovers.
+    Crash,
+    /// The primary goes, and an asynchronous standby is promoted; the
+    /// address outboxd and the producers use moves to it.
+    Failover,
+}
+
 /// The issue's reproduction: 400 events drawn in a transaction left open, a
-/// claim (the guard reads the sequence at 400), a crash that rewinds the
-/// sequence; then T1 draws a lower seq for aggregate A and stays open while
-/// T2 commits the next one of A. T2's event must wait for T1's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_crash_that_rewinds_the_sequence_does_not_let_a_later_event_pass_an_open_one() {
+/// claim (the guard reads the sequence at 400), then a crash or a failover
+/// that rewinds the sequence; then T1 draws a lower seq for aggregate A and
+/// stays open while T2 commits the next one of A. T2's event must wait for
+/// T1's.
+async fn a_rewound_sequence_does_not_let_a_later_event_pass_an_open_one(rewind: Rewind) {
     let _turn = turn().await;
-    let cluster = lazy_cluster().await;
-    let db: std::sync::Arc<TestDb> = cluster.create_db().await;
+    let primary = lazy_cluster().await;
+    let db: Arc<TestDb> = primary.create_db().await;
+    let standby = match rewind {
+        Rewind::Crash => None,
+        Rewind::Failover => Some(primary.standby().await),
+    };
+    // Everyone reaches the database through the proxy, which follows a
+    // failover.
+    let proxy = Proxy::start(primary.addr()).await;
+    let url = db.url_via(proxy.addr());
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("the test's pool");
     let server = Outboxd::start_with(
-        &db.url(),
+        &url,
         free_port(),
         &["--outbox", "default=public.outbox:ordering=aggregate"],
     )
     .await;
     let mut client = OutboxServiceClient::new(connect(&server.url()).await);
 
-    let mut bulk = db.pool.begin().await.expect("begin the bulk writer");
+    let mut bulk = pool.begin().await.expect("begin the bulk writer");
     for n in 0..400 {
         insert(&mut bulk, &format!("bulk-{n}")).await;
     }
     let seen = client
         .claim_batch(claim(100))
         .await
-        .expect("a claim before the crash")
+        .expect("a claim before the fault")
         .into_inner();
     assert!(seen.messages.is_empty(), "nothing committed yet");
     // Two probes a grace apart: the guard has paired the read of 400.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     client
         .claim_batch(claim(0))
         .await
-        .expect("a second claim before the crash");
+        .expect("a second claim before the fault");
 
-    cluster.crash().await;
+    match &standby {
+        None => {
+            primary.crash().await;
+            primary.start_again().await;
+        }
+        Some(standby) => {
+            primary.stop_immediate().await;
+            standby.promote().await;
+            proxy.retarget(standby.addr());
+        }
+    }
     drop(bulk);
-    cluster.start_again().await;
     claim_again(&mut client).await;
 
-    let mut t1 = db.pool.begin().await.expect("begin T1");
+    let mut t1 = pool.begin().await.expect("begin T1");
     let (a1, s1) = insert(&mut t1, "A").await;
     assert!(
         s1 <= 400,
-        "the crash rewound the sequence below what the guard read (T1 drew {s1}); \
+        "the {rewind:?} rewound the sequence below what the guard read (T1 drew {s1}); \
          without that this case shows nothing"
     );
-    let mut t2 = db.pool.acquire().await.expect("T2's connection");
+    let mut t2 = pool.acquire().await.expect("T2's connection");
     let (a2, s2) = insert(&mut t2, "A").await;
     drop(t2);
-    println!("crash: the sequence went back from 400 to {s1}; T2 committed seq {s2}");
+    println!("{rewind:?}: the sequence went back from 400 to {s1}; T2 committed seq {s2}");
 
     for _ in 0..5 {
         let batch = client
@@ -185,6 +220,17 @@ async fn a_crash_that_rewinds_the_sequence_does_not_let_a_later_event_pass_an_op
     .await;
     assert_eq!(ids(&first), [a1.to_string()], "T1's event first");
     drop(server);
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_that_rewinds_the_sequence_does_not_let_a_later_event_pass_an_open_one() {
+    a_rewound_sequence_does_not_let_a_later_event_pass_an_open_one(Rewind::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_that_rewinds_the_sequence_does_not_let_a_later_event_pass_an_open_one() {
+    a_rewound_sequence_does_not_let_a_later_event_pass_an_open_one(Rewind::Failover).await;
 }
 
 /// An operator told "discarded: 1" or "redriven: 1" finds it so after a
