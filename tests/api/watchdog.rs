@@ -7,10 +7,9 @@ use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::{
-    shared::wait::holds_within,
+    shared::{cluster::PrivateCluster, wait::holds_within},
     support::{
-        Outboxd, TestApp, TestDb, cluster::Cluster, gauge, millis, open_transaction, secs,
-        wait_until, within,
+        Outboxd, TestApp, TestDb, gauge, millis, open_transaction, secs, wait_until, within,
     },
 };
 
@@ -342,16 +341,13 @@ async fn the_report_names_the_writer_an_ordered_outbox_waits_for() {
 /// holder of the horizon, in the report and the gauges.
 #[tokio::test]
 async fn a_forgotten_prepared_transaction_and_a_logical_slot_are_reported() {
-    let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::start(&[
-            "max_prepared_transactions=5",
-            "wal_level=logical",
-            "max_replication_slots=5",
-        ])
-    })
-    .await
-    .expect("start a server of the test's own");
-    let db = TestDb::create_on(cluster.admin_url()).await;
+    let cluster = PrivateCluster::start_with(&[
+        "max_prepared_transactions = 5",
+        "wal_level = logical",
+        "max_replication_slots = 5",
+    ])
+    .await;
+    let db = cluster.create_db().await;
     let app = TestApp::spawn_on(db.clone(), |args| {
         args.set("--watchdog-interval", "200ms");
     })

@@ -14,7 +14,7 @@ use outboxd::grpc::pb::{
 };
 use std::{sync::Arc, time::Duration};
 
-use sqlx::{Connection, PgConnection, postgres::PgPoolOptions};
+use sqlx::{PgConnection, postgres::PgPoolOptions};
 use tonic::transport::Channel;
 use uuid::Uuid;
 
@@ -31,21 +31,11 @@ use crate::{
 
 /// A private cluster whose WAL writer leaves unflushed WAL alone for 10 s.
 async fn lazy_cluster() -> PrivateCluster {
-    let cluster = PrivateCluster::start().await;
-    let mut admin = PgConnection::connect(cluster.admin_url().as_str())
-        .await
-        .expect("connect to the private cluster");
-    for sql in [
-        "ALTER SYSTEM SET wal_writer_delay = '10s'",
-        "ALTER SYSTEM SET wal_writer_flush_after = '64MB'",
-        "SELECT pg_reload_conf()",
-    ] {
-        sqlx::query(sql)
-            .execute(&mut admin)
-            .await
-            .unwrap_or_else(|err| panic!("{sql}: {err}"));
-    }
-    cluster
+    PrivateCluster::start_with(&[
+        "wal_writer_delay = '10s'",
+        "wal_writer_flush_after = '64MB'",
+    ])
+    .await
 }
 
 fn claim(wait_ms: u64) -> ClaimBatchRequest {

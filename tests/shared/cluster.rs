@@ -66,6 +66,12 @@ pub struct PrivateCluster {
 impl PrivateCluster {
     /// A fresh primary, started and accepting connections.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`PrivateCluster::start`], with further settings (`name = value`,
+    /// as in `postgresql.conf`; they win over the defaults above).
+    pub async fn start_with(settings: &[&str]) -> Self {
         let dir = temp_dir().await;
         let bin = server_bin();
         let cluster = Self {
@@ -90,7 +96,12 @@ impl PrivateCluster {
                 "initdb",
             )
             .await;
-        cluster.configure(SETTINGS);
+        let mut conf = SETTINGS.to_owned();
+        for setting in settings {
+            conf.push_str(setting);
+            conf.push('\n');
+        }
+        cluster.configure(&conf);
         cluster.pg_ctl_start().await;
         cluster.wait_ready().await;
         cluster

@@ -17,7 +17,6 @@
 //! one copy for both suites.
 
 mod app;
-pub mod cluster;
 mod http;
 mod logs;
 mod metrics;
