@@ -5,6 +5,7 @@
 //! (`cargo test --test faults -- --nocapture` shows them).
 #![allow(clippy::print_stdout)]
 
+mod door;
 mod harness;
 mod history;
 mod ordering;
