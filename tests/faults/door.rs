@@ -1,17 +1,139 @@
-//! Overload at the door: a client that names a thousand bad ids must not
-//! take its own metadata limits with it.
+//! Overload at the door: clients that hold connections open, send absurd
+//! headers, or name a thousand bad ids must not take outboxd's file
+//! descriptors, memory or its clients' metadata limits with them.
+
+use std::net::SocketAddr;
 
 use outboxd::grpc::pb::{
-    AckRequest, DiscardRequest, NackRequest, RedriveRequest,
+    AckRequest, ClaimBatchRequest, DiscardRequest, GetStatsRequest, NackRequest, RedriveRequest,
     outbox_admin_client::OutboxAdminClient, outbox_service_client::OutboxServiceClient,
+};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+    task::JoinSet,
+    time::{Instant, timeout},
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
     harness::{Case, Outboxd},
-    shared::net::free_port,
+    shared::{
+        net::free_port,
+        wait::{millis, secs},
+    },
 };
+
+/// Idle connections to the status page used to take every file descriptor
+/// under `ulimit -n 1024` (1 100 of them), and then each claim that needed a
+/// new database connection failed UNAVAILABLE. Each listener now holds at
+/// most its share of the file limit, refuses (and counts) the rest, and
+/// closes a connection that sends no request header within 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_to_the_status_page_leave_the_database_its_connections() {
+    const FILES: u32 = 1024;
+    const IDLE: usize = 1100;
+    let case = Case::begin().await;
+    let status = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let server = Outboxd::start_limited(
+        &case.db.url(),
+        free_port(),
+        FILES,
+        &[
+            "--admin-http-listen",
+            &status.to_string(),
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    )
+    .await;
+    let mut client = OutboxServiceClient::connect(server.url())
+        .await
+        .expect("a client before the flood");
+
+    let began = Instant::now();
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        // The listen backlog takes whatever outboxd has not accepted yet.
+        idle.push(
+            TcpStream::connect(status)
+                .await
+                .expect("connect to the status page"),
+        );
+    }
+    // Long enough for outboxd to accept (or refuse) every one of them.
+    tokio::time::sleep(millis(500)).await;
+
+    // Ten calls at once, each held on a table lock: the pool has to open
+    // connections for most of them while the flood is on.
+    let mut lock = case.db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the outbox table");
+    let mut calls = JoinSet::new();
+    for _ in 0..10 {
+        let mut client = client.clone();
+        calls.spawn(async move { client.get_stats(GetStatsRequest::default()).await });
+    }
+    tokio::time::sleep(secs(1)).await;
+    lock.commit().await.expect("release the lock");
+    while let Some(answer) = calls.join_next().await {
+        answer
+            .expect("a call task")
+            .expect("stats on a new database connection while the status page is flooded");
+    }
+    let claim = ClaimBatchRequest {
+        outbox: "default".into(),
+        worker_id: "door".into(),
+        max_messages: 10,
+        ..Default::default()
+    };
+    client
+        .claim_batch(claim)
+        .await
+        .expect("a claim while the status page is flooded");
+    let mut fresh = OutboxServiceClient::connect(server.url())
+        .await
+        .expect("a new API connection while the status page is full");
+    fresh
+        .get_stats(GetStatsRequest::default())
+        .await
+        .expect("stats on a new API connection");
+
+    let refused = refused_connections(metrics, "status_page").await;
+    assert!(
+        refused > 0.0,
+        "connections over the status page's cap are refused and counted"
+    );
+
+    // Every idle connection ends: the refused at once, the others when the
+    // header-read timeout passes.
+    let mut ends = JoinSet::new();
+    for mut stream in idle {
+        ends.spawn(async move {
+            let mut byte = [0u8; 1];
+            // EOF or a reset: closed either way.
+            let _ = stream.read(&mut byte).await;
+        });
+    }
+    timeout(secs(20), async {
+        while ends.join_next().await.is_some() {}
+    })
+    .await
+    .expect("outboxd closes idle connections to the status page");
+    let closed_after = began.elapsed();
+
+    let (code, _) = http_get(status, "/").await;
+    assert_eq!(code, 200, "the status page serves again once they are gone");
+    println!(
+        "door: {IDLE} idle connections under ulimit -n {FILES}: {refused} refused, all closed after {:.1}s",
+        closed_after.as_secs_f64()
+    );
+    drop(server);
+}
 
 /// A refusal naming a thousand bad ids used to carry a 32.9 KB message and
 /// 68.9 KB of details, over a default client's 16 KiB of response metadata:
@@ -97,4 +219,48 @@ fn assert_bounded(method: &str, answer: Result<(), tonic::Status>) {
         message.len(),
         status.details().len()
     );
+}
+
+/// `outbox_connections_refused_total` for `listener`, from `/metrics`.
+async fn refused_connections(metrics: SocketAddr, listener: &str) -> f64 {
+    let (code, body) = http_get(metrics, "/metrics").await;
+    assert_eq!(code, 200, "metrics: {body}");
+    let label = format!("listener=\"{listener}\"");
+    body.lines()
+        .filter(|line| {
+            line.starts_with("outbox_connections_refused_total{") && line.contains(&label)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One HTTP/1.1 GET on a connection of its own: the status code and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("send the request");
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .await
+            .expect("read the response");
+        String::from_utf8_lossy(&response).into_owned()
+    };
+    let response = timeout(secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {path} on {addr} answered within 10 s"));
+    let code = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP status line: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (code, body)
 }
