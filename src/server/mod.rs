@@ -2,6 +2,7 @@
 //! background tasks of [`crate::tasks`]) and the order in which it stops
 //! ([`Running::stop`]). Start-up and its exit codes are [`start`].
 
+mod header_deadline;
 mod start;
 
 pub use start::{
@@ -11,6 +12,7 @@ pub use start::{
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
+use futures::TryStreamExt as _;
 use outbox_runtime::cli::ListenAddr;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -39,6 +41,7 @@ use crate::{
     tls::{self, ServerTls},
     watch,
 };
+use header_deadline::HeaderDeadline;
 
 /// The health-service name readiness probes ask about.
 pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>::NAME;
@@ -443,11 +446,21 @@ impl Running {
     }
 }
 
+/// The most request-header bytes (HPACK-decoded, as SETTINGS_MAX_HEADER_LIST_SIZE
+/// counts them) a gRPC port takes: a token, a deadline and a trace context
+/// take a few hundred. hyper uses 16 KiB today but h2's own default is
+/// 16 MiB, so it is pinned here. h2 (0.4) answers a header block over it
+/// with GOAWAY and ends the connection at once, whether one header is longer
+/// than the limit or many add up to more (the fault suite's `door` cases);
+/// a block that never ends is [`header_deadline`]'s.
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
 /// API and its admin service (requests up to `max_request_bytes`, each
 /// authorised in its handler), health, and reflection (both versions, for old
 /// and new grpcurl), the last two open to all: probes carry no credentials.
-/// Over TLS with `tls`. Each connection is under the listener's cap.
+/// Over TLS with `tls`. Each connection is under the listener's cap and the
+/// header deadline.
 fn spawn_grpc<H>(
     api: OutboxApi,
     admin: AdminApi,
@@ -477,6 +490,7 @@ where
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .layer(tower::util::MapResponseLayer::new(client_mistakes))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
@@ -485,10 +499,14 @@ where
         .add_service(OutboxAdminServer::new(admin).max_decoding_message_size(max_request_bytes));
     let stopped = stop_accepting.cancelled_owned();
     Ok(match tls {
-        None => tokio::spawn(router.serve_with_incoming_shutdown(listener.incoming(), stopped)),
-        Some(acceptor) => tokio::spawn(
-            router.serve_with_incoming_shutdown(tls::incoming(listener, acceptor), stopped),
-        ),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            listener.incoming().map_ok(HeaderDeadline::new),
+            stopped,
+        )),
+        Some(acceptor) => tokio::spawn(router.serve_with_incoming_shutdown(
+            tls::incoming(listener, acceptor).map_ok(HeaderDeadline::new),
+            stopped,
+        )),
     })
 }
 
@@ -500,8 +518,12 @@ async fn serve_health<T: tonic_health::pb::health_server::Health>(
     stop: CancellationToken,
 ) {
     let served = tonic::transport::Server::builder()
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .add_service(health_service)
-        .serve_with_incoming_shutdown(listener.incoming(), stop.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            listener.incoming().map_ok(HeaderDeadline::new),
+            stop.cancelled_owned(),
+        )
         .await;
     if let Err(error) = served {
         tracing::error!(%error, "the health listener failed");

@@ -2,7 +2,7 @@
 //! headers, or name a thousand bad ids must not take outboxd's file
 //! descriptors, memory or its clients' metadata limits with them.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use outboxd::grpc::pb::{
     AckRequest, ClaimBatchRequest, DiscardRequest, GetStatsRequest, NackRequest, RedriveRequest,
@@ -135,6 +135,66 @@ async fn idle_connections_to_the_status_page_leave_the_database_its_connections(
     drop(server);
 }
 
+/// A request header of 1 MiB used to keep its gRPC connection open for
+/// minutes after outboxd stopped reading it. Over the header limit, h2 ends
+/// the connection at once (GOAWAY), for one long header as for many small
+/// ones; a header block that never ends, or a connection that never sends
+/// the HTTP/2 preface, is closed after the 10 s header deadline (it used to
+/// take the 40 s keep-alive, and the preface-less one stayed for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_unfinished_request_headers_end_their_connection() {
+    let case = Case::begin().await;
+    let server = Outboxd::start(&case.db.url(), free_port()).await;
+    let addr = server.addr;
+
+    let one_long = request_with_headers(&[("x-big", 1 << 20)]);
+    let many: Vec<(String, usize)> = (0..400).map(|i| (format!("x-h{i:03}"), 90)).collect();
+    let many: Vec<(&str, usize)> = many.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+    let many_small = request_with_headers(&many);
+    for (what, bytes) in [
+        ("1 MiB header", one_long),
+        ("400 headers, 40 KiB", many_small),
+    ] {
+        let (took, frames) = held(addr, bytes, secs(10)).await;
+        let took = took.unwrap_or_else(|| panic!("{what}: still open after 10 s"));
+        assert!(
+            took < secs(3),
+            "{what}: the connection ended at once: {took:?}"
+        );
+        let go_away = frames.iter().find(|(kind, _)| *kind == GOAWAY);
+        let code = go_away
+            .and_then(|(_, payload)| payload.get(4..8))
+            .map(|code| u32::from_be_bytes(code.try_into().expect("four bytes")));
+        assert!(
+            code.is_some(),
+            "{what}: a GOAWAY before the end: {frames:?}"
+        );
+        println!("door: {what}: GOAWAY (error code {code:?}), connection ended after {took:?}");
+    }
+
+    // The two slow ones at once: each waits out the deadline.
+    let unfinished = {
+        let mut bytes = PREFACE.to_vec();
+        frame(&mut bytes, SETTINGS, 0, 0, &[]);
+        frame(&mut bytes, HEADERS, 0, 1, &[0x83, 0x86, 0x84]);
+        held(addr, bytes, secs(30))
+    };
+    let silent = held(addr, Vec::new(), secs(30));
+    let ((unfinished, _), (silent, _)) = tokio::join!(unfinished, silent);
+    for (what, took) in [
+        ("a header block never ended", unfinished),
+        ("no preface", silent),
+    ] {
+        let took = took.unwrap_or_else(|| panic!("{what}: still open after 30 s"));
+        assert!(
+            took < secs(15),
+            "{what}: closed at the header deadline, not {took:?}"
+        );
+        println!("door: {what}: connection ended after {took:?}");
+    }
+    drop(server);
+}
+
 /// A refusal naming a thousand bad ids used to carry a 32.9 KB message and
 /// 68.9 KB of details, over a default client's 16 KiB of response metadata:
 /// the client saw RESOURCE_EXHAUSTED instead of why. The refusal names the
@@ -263,4 +323,109 @@ async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     (code, body)
+}
+
+const HEADERS: u8 = 0x1;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+/// The frame size every HTTP/2 peer accepts before it says otherwise.
+const FRAME: usize = 16 * 1024;
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Sends `bytes` on a new connection to `addr`, keeping its write half open
+/// (no FIN from this side, however far the write gets: only outboxd may end
+/// the connection), and reads until outboxd ends it. How long that took
+/// (`None`: not within `limit`), and the frames it sent.
+async fn held(
+    addr: SocketAddr,
+    bytes: Vec<u8>,
+    limit: Duration,
+) -> (Option<Duration>, Vec<(u8, Vec<u8>)>) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let began = Instant::now();
+    let write = tokio::spawn(async move {
+        let written = writer.write_all(&bytes).await;
+        std::future::pending::<()>().await;
+        drop((writer, written));
+    });
+    let mut received = Vec::new();
+    let ended = timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let took = began.elapsed();
+    write.abort();
+    (ended.ok().map(|()| took), frames(&received))
+}
+
+/// The client preface, empty settings, and a request on stream 1 whose
+/// header block carries `headers` (name, value length), each a literal
+/// written out (not Huffman-coded), over a HEADERS frame and CONTINUATIONs.
+fn request_with_headers(headers: &[(&str, usize)]) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86, 0x84]; // :method POST, :scheme http, :path /
+    for (name, len) in headers {
+        block.push(0x00); // a literal, not indexed, with a new name
+        hpack_integer(&mut block, name.len());
+        block.extend_from_slice(name.as_bytes());
+        hpack_integer(&mut block, *len);
+        block.resize(block.len() + len, b'a');
+    }
+    let mut out = PREFACE.to_vec();
+    frame(&mut out, SETTINGS, 0, 0, &[]);
+    let chunks: Vec<&[u8]> = block.chunks(FRAME).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let kind = if i == 0 { HEADERS } else { CONTINUATION };
+        let flags = if i + 1 == chunks.len() {
+            END_HEADERS
+        } else {
+            0
+        };
+        frame(&mut out, kind, flags, 1, chunk);
+    }
+    out
+}
+
+fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("a frame's payload fits");
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// An HPACK integer with a 7-bit prefix (RFC 7541, 5.1), string not Huffman-coded.
+fn hpack_integer(out: &mut Vec<u8>, mut value: usize) {
+    if value < 127 {
+        out.push(value as u8);
+        return;
+    }
+    out.push(127);
+    value -= 127;
+    while value >= 128 {
+        out.push((value % 128) as u8 | 0x80);
+        value /= 128;
+    }
+    out.push(value as u8);
+}
+
+/// The frames in what the server sent: type and payload.
+fn frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        let payload = bytes.get(9..9 + len).unwrap_or(&bytes[9..]);
+        frames.push((bytes[3], payload.to_vec()));
+        bytes = bytes.get(9 + len..).unwrap_or_default();
+    }
+    frames
 }
