@@ -176,6 +176,17 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_MAX_WAITING_CLAIMS", default_value_t = 1024)]
     pub max_waiting_claims: u32,
 
+    /// Most connections each listener holds open at once: the API
+    /// (--listen), --health-listen, --admin-http-listen and --metrics-listen,
+    /// each on its own. One more is accepted and closed at once, counted in
+    /// outbox_connections_refused_total{listener}. Default: the open-file
+    /// limit (raised to its hard limit at start), less --db-max-connections
+    /// and 64 files kept for logs, TLS files and the like, divided by the
+    /// number of listeners served (at least 8): every listener full still
+    /// leaves the database pool its connections.
+    #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS")]
+    pub max_connections: Option<u32>,
+
     /// Largest request accepted, in bytes (gRPC's own default); a larger one
     /// is refused with RESOURCE_EXHAUSTED before it is decoded.
     #[arg(long, env = "OUTBOXD_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
@@ -322,6 +333,8 @@ pub struct Config {
     /// The status page, when `--admin-http-listen` is given.
     pub admin_http_listen: Option<ListenAddr>,
     pub max_waiting_claims: u32,
+    /// `--max-connections`; `None` sizes it from the file limit at start.
+    pub max_connections: Option<usize>,
     pub max_request_bytes: usize,
     pub metrics_listen: ListenAddr,
     pub metrics_interval: Duration,
@@ -487,6 +500,9 @@ impl ServeArgs {
         if self.max_waiting_claims == 0 {
             return Err("--max-waiting-claims must be at least 1".into());
         }
+        if self.max_connections == Some(0) {
+            return Err("--max-connections must be at least 1".into());
+        }
         if self.max_request_bytes < 1024 {
             return Err("--max-request-bytes must be at least 1024".into());
         }
@@ -513,6 +529,7 @@ impl ServeArgs {
             health_listen: self.health_listen.clone(),
             admin_http_listen,
             max_waiting_claims: self.max_waiting_claims,
+            max_connections: self.max_connections.map(|n| n as usize),
             max_request_bytes: self.max_request_bytes,
             metrics_listen,
             metrics_interval: self.metrics_interval,
@@ -757,6 +774,16 @@ mod tests {
         );
         assert!(serve(&["--database-url", url, "--poll-interval", "0"]).is_err());
         assert!(serve(&["--database-url", url, "--outbox", "bad"]).is_err());
+        assert_eq!(
+            serve(&["--database-url", url, "--max-connections", "0"]).expect_err("zero"),
+            "--max-connections must be at least 1"
+        );
+        assert_eq!(
+            serve(&["--database-url", url, "--max-connections", "300"])
+                .expect("valid")
+                .max_connections,
+            Some(300)
+        );
     }
 
     #[test]

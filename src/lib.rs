@@ -16,7 +16,8 @@
 //! - [`service`], [`wakeup`] and [`watch`]: the use cases, and long-poll
 //!   wake-ups from probes of the table's sequence while claimers wait;
 //! - [`grpc`]: validation, conversions and the one status mapping;
-//! - [`server`]: the composition root, with [`config`], [`telemetry`] and [`metrics`].
+//! - [`server`]: the composition root, with [`config`], [`telemetry`] and [`metrics`];
+//!   [`connections`] caps what each of its listeners holds open.
 
 pub mod backoff;
 pub mod client;
@@ -35,6 +36,8 @@ pub mod pb {
 pub mod auth;
 #[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
+pub mod connections;
 #[cfg(feature = "server")]
 mod error;
 #[cfg(feature = "server")]

@@ -6,6 +6,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use tokio::sync::Semaphore;
+
 use opentelemetry::{
     KeyValue,
     metrics::{AsyncInstrument, Counter, Histogram, Meter, ObservableGauge},
@@ -31,6 +33,8 @@ pub struct ServerMetrics {
     waiting_claims_refused: Counter<u64>,
     auth_refusals: Counter<u64>,
     auth_reloads: Counter<u64>,
+    connections_refused: Counter<u64>,
+    listeners: Arc<Mutex<Vec<ListenerPermits>>>,
     rpc_duration: Histogram<f64>,
     claim_batch_size: Histogram<u64>,
     commit_to_ack: Histogram<f64>,
@@ -38,6 +42,10 @@ pub struct ServerMetrics {
     database: Arc<Mutex<DatabaseGauges>>,
     _observers: Arc<Vec<ObservableGauge<f64>>>,
 }
+
+/// A capped listener's name, cap and permits (see `connections`), for
+/// `outbox_open_connections`.
+type ListenerPermits = (&'static str, usize, Arc<Semaphore>);
 
 /// A gauge read at each collection from the latest sample in `state` (set by
 /// a sampling task, so a scrape never queries the database).
@@ -147,6 +155,20 @@ impl ServerMetrics {
                 |s| s.commit_order_holdback.as_secs_f64(),
             ),
         ];
+        let listeners: Arc<Mutex<Vec<ListenerPermits>>> = Arc::default();
+        observers.push(observed(
+            &meter,
+            "outbox_open_connections",
+            "{connection}",
+            "Connections a listener holds open (api, health, status_page, metrics); at --max-connections it refuses more.",
+            &listeners,
+            |listeners, observer| {
+                for (name, max, permits) in listeners {
+                    let open = max.saturating_sub(permits.available_permits());
+                    observer.observe(open as f64, &[KeyValue::new("listener", *name)]);
+                }
+            },
+        ));
         let database: Arc<Mutex<DatabaseGauges>> = Arc::default();
         let db_gauge = |name: &'static str, unit: &'static str, help: &'static str, at: usize| {
             observed(
@@ -301,6 +323,11 @@ impl ServerMetrics {
                 "outbox_auth_reloads_total",
                 "Reads of a changed (or SIGHUP'd) --auth-tokens file, by result: ok, invalid, unreadable. Any but ok leaves the previous version in force: alert on it.",
             ),
+            connections_refused: counter(
+                "outbox_connections_refused_total",
+                "Connections a listener closed at once because it held --max-connections already, by listener (api, health, status_page, metrics).",
+            ),
+            listeners,
             rpc_duration: meter
                 .f64_histogram("outbox_rpc_duration_seconds")
                 .with_description("gRPC handling time by method and status code.")
@@ -344,6 +371,19 @@ impl ServerMetrics {
     /// A re-read of the tokens file: `ok`, `invalid` or `unreadable`.
     pub fn auth_reloaded(&self, result: &'static str) {
         self.auth_reloads.add(1, &[KeyValue::new("result", result)]);
+    }
+
+    /// A connection closed at once at `listener`'s cap.
+    pub fn connection_refused(&self, listener: &'static str) {
+        self.connections_refused
+            .add(1, &[KeyValue::new("listener", listener)]);
+    }
+
+    /// Reports `listener`'s open connections (`max` less its free permits).
+    pub fn watch_connections(&self, listener: &'static str, max: usize, permits: Arc<Semaphore>) {
+        let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        listeners.retain(|(name, _, _)| *name != listener);
+        listeners.push((listener, max, permits));
     }
 
     pub fn waiting_claim_refused(&self, outbox: &str) {

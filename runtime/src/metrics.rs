@@ -6,17 +6,18 @@
 
 use std::time::Duration;
 
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router, extract::State, http::header, response::IntoResponse, routing::get, serve::Listener,
+};
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_prometheus_text_exporter::PrometheusExporter;
 use opentelemetry_sdk::{
     metrics::{SdkMeterProvider, periodic_reader_with_async_runtime::PeriodicReader},
     runtime,
 };
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::telemetry;
+use crate::{http, telemetry};
 
 /// Latency buckets (seconds) from a millisecond to a minute.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -88,8 +89,9 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` until `cancel`.
-pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: CancellationToken) {
+/// Serves `GET /metrics` on `listener` until `cancel`; a connection that
+/// sends no request header within [`http::HEADER_READ_TIMEOUT`] is closed.
+pub async fn serve<L: Listener>(listener: L, metrics: Metrics, cancel: CancellationToken) {
     async fn scrape(State(metrics): State<Metrics>) -> impl IntoResponse {
         (
             [(
@@ -102,10 +104,5 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: Cancellation
     let app = Router::new()
         .route("/metrics", get(scrape))
         .with_state(metrics);
-    if let Err(err) = axum::serve(listener, app)
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
-    {
-        tracing::warn!(error = %err, "metrics endpoint stopped");
-    }
+    http::serve(listener, |_, _| app.clone(), cancel).await;
 }

@@ -1,6 +1,8 @@
 //! Wire requests to the service's requests (parse, don't validate). Every bad
 //! field is reported, each under its wire name (`message_ids[3]`,
-//! `acks[0].lease_id`), so a client fixes them all in one round trip.
+//! `acks[0].lease_id`), so a client fixes them all in one round trip (the
+//! refusal names the first ten and counts the rest: see
+//! `error::MAX_NAMED_VIOLATIONS`).
 //!
 //! One conversion per request. Those that are checked take the server's
 //! [`Limits`] (defaults, bounds, caps), which `TryFrom` has no room for, hence

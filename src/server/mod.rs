@@ -2,6 +2,7 @@
 //! background tasks of [`crate::tasks`]) and the order in which it stops
 //! ([`Running::stop`]). Start-up and its exit codes are [`start`].
 
+mod header_deadline;
 mod start;
 
 pub use start::{
@@ -11,15 +12,17 @@ pub use start::{
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
+use futures::TryStreamExt as _;
 use outbox_runtime::cli::ListenAddr;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tonic::{server::NamedService, transport::server::TcpIncoming};
+use tonic::server::NamedService;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     auth::{self, Authorizer},
     config::Config,
+    connections::{self, CappedListener},
     grpc::{
         AdminApi, OutboxApi,
         pb::{
@@ -38,6 +41,7 @@ use crate::{
     tls::{self, ServerTls},
     watch,
 };
+use header_deadline::HeaderDeadline;
 
 /// The health-service name readiness probes ask about.
 pub const SERVICE_NAME: &str = <OutboxServiceServer<OutboxApi> as NamedService>::NAME;
@@ -56,16 +60,19 @@ pub struct Server {
     status_listener: Option<TcpListener>,
     /// TLS on the API port (`--tls-cert`).
     tls: Option<ServerTls>,
+    /// Connections each listener holds open at once (`--max-connections`).
+    max_connections: usize,
     /// The database watchdog's latest findings.
     reports: DatabaseReports,
 }
 
 impl Server {
-    /// Reads the TLS files and binds the listeners first, so a bad file or a
-    /// port in use fails before any connection or migration; then waits for
-    /// the database (see `store::connect`), migrates unless told not to, and
-    /// checks the tables.
+    /// Raises the open-file limit, reads the TLS files and binds the
+    /// listeners first, so a bad file or a port in use fails before any
+    /// connection or migration; then waits for the database (see
+    /// `store::connect`), migrates unless told not to, and checks the tables.
     pub async fn build(config: Config, cancel: &CancellationToken) -> Result<Self, StartError> {
+        let file_limit = connections::raise_file_limit();
         // Checked at validation already; read again in case they changed since.
         let tls = config
             .tls
@@ -93,6 +100,9 @@ impl Server {
             "--admin-http-listen (OUTBOXD_ADMIN_HTTP_LISTEN)",
         )
         .await?;
+        let listeners =
+            2 + usize::from(health_listener.is_some()) + usize::from(status_listener.is_some());
+        let max_connections = max_connections(&config, file_limit, listeners);
         let db = &config.database;
         let pool = store::connect(&db.connect_settings(None), cancel).await?;
         let prepare = async {
@@ -119,6 +129,7 @@ impl Server {
             health_listener,
             status_listener,
             tls,
+            max_connections,
             reports: DatabaseReports::default(),
         })
     }
@@ -164,6 +175,7 @@ impl Server {
             health_listener,
             status_listener,
             tls,
+            max_connections,
             reports,
         } = self;
         let addr = listener.local_addr()?;
@@ -173,20 +185,30 @@ impl Server {
         health::set_health(&health, ServingStatus::Serving).await;
         let metrics = Metrics::new("outboxd")?;
         let server_metrics = ServerMetrics::new(&metrics);
+        let capped =
+            |listener, name| CappedListener::new(listener, name, max_connections, &server_metrics);
 
         // What runs beside the gRPC server.
         let tasks = Supervisor::new();
         let stop = tasks.stop_token();
         tasks.spawn(
             "metrics endpoint",
-            metrics::serve(metrics_listener, metrics.clone(), stop.clone()),
+            metrics::serve(
+                capped(metrics_listener, "metrics"),
+                metrics.clone(),
+                stop.clone(),
+            ),
         );
         if let Some(listener) = health_listener {
             // Stops with the tasks, after the drain: probes see NOT_SERVING
             // while RPCs drain rather than a refused connection.
             tasks.spawn(
                 "health listener",
-                serve_health(health_service.clone(), listener, stop.clone()),
+                serve_health(
+                    health_service.clone(),
+                    capped(listener, "health"),
+                    stop.clone(),
+                ),
             );
         }
         if let Some(tls) = &tls {
@@ -257,7 +279,12 @@ impl Server {
             tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "status page at /");
             tasks.spawn(
                 "status page",
-                status::serve(listener, tls.clone(), page, stop.clone()),
+                status::serve(
+                    capped(listener, "status_page"),
+                    tls.clone(),
+                    page,
+                    stop.clone(),
+                ),
             );
         }
         let admin = AdminApi::new(
@@ -273,6 +300,7 @@ impl Server {
             server_metrics.clone(),
             config.max_waiting_claims,
         );
+        let listener = capped(listener, "api");
         let api = OutboxApi::new(service, config.limits.clone(), server_metrics, authorizer);
         let stop_accepting = CancellationToken::new();
         let grpc = spawn_grpc(
@@ -306,6 +334,34 @@ impl Server {
         }
         running.stop().await
     }
+}
+
+/// `--max-connections`, or its default for this file limit, pool and number
+/// of listeners; logged, with a warning when an explicit one leaves the pool
+/// too few files.
+fn max_connections(config: &Config, file_limit: Option<u64>, listeners: usize) -> usize {
+    let pool = config.database.max_connections;
+    let max = config
+        .max_connections
+        .unwrap_or_else(|| connections::default_max_connections(file_limit, pool, listeners));
+    tracing::info!(
+        max_connections = max,
+        listeners,
+        file_limit = ?file_limit,
+        pool,
+        "connections per listener"
+    );
+    if !connections::fits(file_limit, pool, listeners, max) {
+        tracing::warn!(
+            max_connections = max,
+            listeners,
+            file_limit = ?file_limit,
+            pool,
+            reserve = connections::FILE_RESERVE,
+            "--max-connections on every listener exceeds the open-file limit less the pool: idle connections can leave the database pool without files"
+        );
+    }
+    max
 }
 
 /// Binds a listener that is off unless its flag is given.
@@ -390,16 +446,26 @@ impl Running {
     }
 }
 
+/// The most request-header bytes (HPACK-decoded, as SETTINGS_MAX_HEADER_LIST_SIZE
+/// counts them) a gRPC port takes: a token, a deadline and a trace context
+/// take a few hundred. hyper uses 16 KiB today but h2's own default is
+/// 16 MiB, so it is pinned here. h2 (0.4) answers a header block over it
+/// with GOAWAY and ends the connection at once, whether one header is longer
+/// than the limit or many add up to more (the fault suite's `door` cases);
+/// a block that never ends is [`header_deadline`]'s.
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
 /// Serves the gRPC services on one port until `stop_accepting`: outboxd's
 /// API and its admin service (requests up to `max_request_bytes`, each
 /// authorised in its handler), health, and reflection (both versions, for old
 /// and new grpcurl), the last two open to all: probes carry no credentials.
-/// Over TLS with `tls`.
+/// Over TLS with `tls`. Each connection is under the listener's cap and the
+/// header deadline.
 fn spawn_grpc<H>(
     api: OutboxApi,
     admin: AdminApi,
     health_service: H,
-    listener: TcpListener,
+    listener: CappedListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     max_request_bytes: usize,
     stop_accepting: CancellationToken,
@@ -424,6 +490,7 @@ where
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .layer(tower::util::MapResponseLayer::new(client_mistakes))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
@@ -433,12 +500,13 @@ where
     let stopped = stop_accepting.cancelled_owned();
     Ok(match tls {
         None => tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            listener.incoming().map_ok(HeaderDeadline::new),
             stopped,
         )),
-        Some(acceptor) => tokio::spawn(
-            router.serve_with_incoming_shutdown(tls::incoming(listener, acceptor), stopped),
-        ),
+        Some(acceptor) => tokio::spawn(router.serve_with_incoming_shutdown(
+            tls::incoming(listener, acceptor).map_ok(HeaderDeadline::new),
+            stopped,
+        )),
     })
 }
 
@@ -446,13 +514,14 @@ where
 /// port's statuses, for probes that cannot speak TLS.
 async fn serve_health<T: tonic_health::pb::health_server::Health>(
     health_service: tonic_health::pb::health_server::HealthServer<T>,
-    listener: TcpListener,
+    listener: CappedListener,
     stop: CancellationToken,
 ) {
     let served = tonic::transport::Server::builder()
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .add_service(health_service)
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            listener.incoming().map_ok(HeaderDeadline::new),
             stop.cancelled_owned(),
         )
         .await;

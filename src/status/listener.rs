@@ -1,14 +1,17 @@
 //! Connections to the status page: plain TCP, or TLS with the API's
-//! certificate (re-read like the API's) and its client-certificate rule.
+//! certificate (re-read like the API's) and its client-certificate rule;
+//! either under the listener's connection cap.
 
 use std::{io, net::SocketAddr, pin::Pin, time::Duration};
 
-use axum::{extract::connect_info::Connected, serve::IncomingStream};
 use futures::{Stream, StreamExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::tls::{self, ServerTls};
+use crate::{
+    connections::{Capped, CappedListener},
+    tls::{self, ServerTls},
+};
 
 /// Who is on the other end of a connection, as far as the connection says:
 /// the subject CN of its verified client certificate, for `cn:` identities.
@@ -17,23 +20,18 @@ pub struct Peer {
     pub common_name: Option<String>,
 }
 
-impl Connected<IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(_: IncomingStream<'_, TcpListener>) -> Self {
-        Self::default()
-    }
-}
-
-impl Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+impl Peer {
+    /// A TLS connection's peer.
+    pub fn of(stream: &TlsStream<Capped<TcpStream>>) -> Self {
         Self {
-            common_name: tls::connection_common_name(stream.io()),
+            common_name: tls::connection_common_name(stream),
         }
     }
 }
 
-type Accepted = Pin<Box<dyn Stream<Item = io::Result<TlsStream<TcpStream>>> + Send>>;
+type Accepted = Pin<Box<dyn Stream<Item = io::Result<TlsStream<Capped<TcpStream>>>> + Send>>;
 
-/// The TCP listener's connections once their handshake completed, each
+/// The capped listener's connections once their handshake completed, each
 /// handshake in a task of its own as on the API port.
 pub struct TlsListener {
     accepted: Accepted,
@@ -41,8 +39,8 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(listener: TcpListener, tls: &ServerTls) -> Self {
-        let local = listener.local_addr();
+    pub fn new(listener: CappedListener, tls: &ServerTls) -> Self {
+        let local = axum::serve::Listener::local_addr(&listener);
         Self {
             accepted: Box::pin(tls::incoming(listener, tls.http_acceptor())),
             local,
@@ -51,7 +49,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Capped<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -60,12 +58,12 @@ impl axum::serve::Listener for TlsListener {
                 Some(Ok(stream)) => {
                     // A connection that went away between handshake and now
                     // has no address; it is dropped like one that failed.
-                    if let Ok(addr) = stream.get_ref().0.peer_addr() {
+                    if let Ok(addr) = stream.get_ref().0.get_ref().peer_addr() {
                         return (stream, addr);
                     }
                 }
                 Some(Err(error)) => {
-                    // Out of file descriptors, mostly: wait rather than spin.
+                    // Not expected: the capped listener yields no errors.
                     tracing::warn!(%error, "status page: accepting a connection failed");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }

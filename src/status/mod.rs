@@ -20,18 +20,19 @@ mod view;
 use std::time::Duration;
 
 use axum::{
-    Router,
+    Extension, Router,
     extract::{ConnectInfo, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{Html, IntoResponse, Response},
     routing::get,
 };
 use base64::Engine as _;
-use tokio::net::TcpListener;
+use outbox_runtime::http;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::{Access, Authorizer, Presented, Refusal, bearer},
+    connections::CappedListener,
     lease::OutboxName,
     metrics::ServerMetrics,
     service::AdminService,
@@ -51,9 +52,11 @@ pub struct StatusPage {
     pub metrics: ServerMetrics,
 }
 
-/// Serves the page on `listener` until `stop`; over TLS with `tls`.
+/// Serves the page on `listener` until `stop`; over TLS with `tls`. A
+/// connection that sends no request header within
+/// [`outbox_runtime::http::HEADER_READ_TIMEOUT`] is closed.
 pub async fn serve(
-    listener: TcpListener,
+    listener: CappedListener,
     tls: Option<ServerTls>,
     page: StatusPage,
     stop: CancellationToken,
@@ -67,24 +70,13 @@ pub async fn serve(
             )
         })
         .with_state(page);
-    let stopped = stop.cancelled_owned();
-    let served = match tls {
-        None => {
-            axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-                .with_graceful_shutdown(stopped)
-                .await
-        }
+    let with_peer = |peer: Peer| app.clone().layer(Extension(ConnectInfo(peer)));
+    match tls {
+        None => http::serve(listener, |_, _| with_peer(Peer::default()), stop).await,
         Some(tls) => {
-            axum::serve(
-                listener::TlsListener::new(listener, &tls),
-                app.into_make_service_with_connect_info::<Peer>(),
-            )
-            .with_graceful_shutdown(stopped)
-            .await
+            let listener = listener::TlsListener::new(listener, &tls);
+            http::serve(listener, |io, _| with_peer(Peer::of(io)), stop).await;
         }
-    };
-    if let Err(error) = served {
-        tracing::error!(%error, "the status page's listener failed");
     }
 }
 

@@ -1,16 +1,15 @@
-//! Accepting TLS connections: TCP accepted as without TLS, then each
-//! handshake in a task of its own, bounded in time and in number, so a slow
-//! or silent client holds up nobody else.
+//! Accepting TLS connections: TCP accepted as without TLS (under the
+//! listener's connection cap), then each handshake in a task of its own,
+//! bounded in time and in number, so a slow or silent client holds up nobody
+//! else.
 
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    task::JoinSet,
-};
+use tokio::{net::TcpStream, task::JoinSet};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
-use tonic::transport::server::TcpIncoming;
+
+use crate::connections::{Capped, CappedListener};
 
 /// How long a client has to complete the handshake after connecting.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -21,14 +20,14 @@ const MAX_HANDSHAKES: usize = 1024;
 
 /// The connections of `listener` that completed a TLS handshake, for
 /// `serve_with_incoming_shutdown`. A failed or timed-out handshake is logged
-/// at DEBUG and dropped (it is the client's problem, not the server's).
-/// Accept errors pass through as they do without TLS (tonic logs and goes
-/// on). Dropping the stream closes the listener and abandons handshakes.
+/// at DEBUG and dropped (it is the client's problem, not the server's); a
+/// connection in its handshake counts against the listener's cap. Dropping
+/// the stream closes the listener and abandons handshakes.
 pub fn incoming(
-    listener: TcpListener,
+    listener: CappedListener,
     acceptor: TlsAcceptor,
-) -> impl Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> + Send + 'static {
-    let tcp = TcpIncoming::from(listener).with_nodelay(Some(true));
+) -> impl Stream<Item = Result<TlsStream<Capped<TcpStream>>, std::io::Error>> + Send + 'static {
+    let tcp = Box::pin(listener.incoming());
     let state = (tcp, JoinSet::new(), acceptor);
     futures::stream::unfold(state, |(mut tcp, mut handshakes, acceptor)| async move {
         loop {
@@ -50,8 +49,11 @@ pub fn incoming(
     })
 }
 
-async fn handshake(acceptor: TlsAcceptor, stream: TcpStream) -> Option<TlsStream<TcpStream>> {
-    let peer = stream.peer_addr().ok();
+async fn handshake(
+    acceptor: TlsAcceptor,
+    stream: Capped<TcpStream>,
+) -> Option<TlsStream<Capped<TcpStream>>> {
+    let peer = stream.get_ref().peer_addr().ok();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(error)) => {

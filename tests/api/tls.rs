@@ -9,7 +9,9 @@ use std::{
 };
 
 use outboxd::{
+    connections::CappedListener,
     grpc::pb::{ClaimBatchRequest, outbox_service_client::OutboxServiceClient},
+    metrics::{Metrics, ServerMetrics},
     server::SERVICE_NAME,
     tls::{ServerTls, TlsSettings, incoming, peer_common_name},
 };
@@ -192,6 +194,8 @@ async fn peer_common_name_is_the_cn_of_the_verified_client_certificate() {
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let metrics = ServerMetrics::new(&Metrics::new("test").expect("metrics"));
+    let listener = CappedListener::new(listener, "api", 16, &metrics);
     let stop = CancellationToken::new();
     let server = tokio::spawn(
         Server::builder()

@@ -422,6 +422,8 @@ def test_every_config_value_maps_to_one_env_var(render):
             changed[key] = "7" + value  # still a duration, and different
         elif value == "" and "ms|s|m|h" in schema[key].get("pattern", ""):
             changed[key] = "90s"  # a duration the chart leaves to outboxd by default
+        elif value == "" and "[0-9]" in schema[key].get("pattern", ""):
+            changed[key] = "300"  # a count the chart leaves to outboxd by default
         elif isinstance(value, (int, float)):
             changed[key] = {"backoffJitter": 0.5, "maxClaimBytes": 2048, "maxMessageBytes": 4096}.get(key, 3)
         else:
@@ -446,7 +448,7 @@ def test_chart_reaches_every_flag(render):
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     # Values whose default ("") leaves the variable to outboxd's own default.
-    server_unset = {"dbStartTimeout": "10m"}
+    server_unset = {"dbStartTimeout": "10m", "maxConnections": 300}
     tls_on = {"tls": {"enabled": True, "existingSecret": "tls", "clientCA": True}, "auth": {"tokensSecret": "tokens"}}
     relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"},
                  "tls": {"clientCertSecret": "relay-cert"}}

@@ -174,6 +174,7 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "maxMessageBytes" "OUTBOXD_MAX_MESSAGE_BYTES"
   "maxRequestBytes" "OUTBOXD_MAX_REQUEST_BYTES"
   "maxWaitingClaims" "OUTBOXD_MAX_WAITING_CLAIMS"
+  "maxConnections" "OUTBOXD_MAX_CONNECTIONS"
   "defaultLease" "OUTBOXD_DEFAULT_LEASE"
   "minLease" "OUTBOXD_MIN_LEASE"
   "maxLease" "OUTBOXD_MAX_LEASE"

@@ -308,10 +308,25 @@ impl Outboxd {
         Self::start_with(database_url, port, &[]).await
     }
 
-    /// As [`Outboxd::start`], with further arguments (`--outbox ...`).
+    /// As [`Outboxd::start`], with further arguments (`--outbox ...`; a
+    /// `--metrics-listen` of the case's replaces the harness's any port).
     pub async fn start_with(database_url: &str, port: u16, extra: &[&str]) -> Self {
+        Self::spawn(child_command(bins::outboxd()), database_url, port, extra).await
+    }
+
+    /// As [`Outboxd::start_with`], under `ulimit -n files`: the soft and the
+    /// hard limit both, so outboxd cannot raise its way out of it.
+    pub async fn start_limited(database_url: &str, port: u16, files: u32, extra: &[&str]) -> Self {
+        let mut command = child_command("bash");
+        command
+            .args(["-c", r#"ulimit -n "$0" && exec "$@""#, &files.to_string()])
+            .arg(bins::outboxd());
+        Self::spawn(command, database_url, port, extra).await
+    }
+
+    async fn spawn(command: Command, database_url: &str, port: u16, extra: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let child = Self::args(child_command(bins::outboxd()), database_url, addr, extra)
+        let child = Self::args(command, database_url, addr, extra)
             .spawn()
             .expect("spawn outboxd");
         let server = Self {
@@ -339,10 +354,12 @@ impl Outboxd {
     }
 
     fn args(mut command: Command, database_url: &str, addr: SocketAddr, extra: &[&str]) -> Command {
+        if !extra.contains(&"--metrics-listen") {
+            command.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
         command
             .args(["--database-url", database_url])
             .args(["--listen", &addr.to_string()])
-            .args(["--metrics-listen", "127.0.0.1:0"])
             .args(["--poll-interval", "200ms"])
             .args(["--health-interval", "200ms"])
             .args(["--db-acquire-timeout", "1s"])
