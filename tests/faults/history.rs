@@ -90,9 +90,13 @@ pub struct Recorded {
     pub settles: Vec<Settle>,
     pub deliveries: Vec<Delivery>,
     pub faults: Vec<(Duration, String)>,
-    /// When a fault emptied the lease table: leases taken before then may be
-    /// followed by a live lease on the same row.
-    pub leases_lost: Vec<Duration>,
+    /// When a fault emptied the lease table, at some moment between the
+    /// fault's beginning and its end (a crash comes a moment after the
+    /// sampler recorded its beginning): leases taken before then may be
+    /// followed by a live lease on the same row, and attempts count from
+    /// the row's own number again.
+    pub leases_lost: Vec<(Duration, Duration)>,
+
     /// When the server itself failed (from the fault's beginning to its end):
     /// outboxd's writes shortly before or during it may be undone.
     pub writes_lost: Vec<(Duration, Duration)>,
@@ -177,7 +181,7 @@ impl History {
         let at = self.now();
         let mut rec = self.lock();
         rec.faults.push((at, what.into()));
-        rec.leases_lost.push(at);
+        rec.leases_lost.push((at, Duration::MAX));
     }
 
     /// The server itself fails (a crash, a failover): the lease table is
@@ -186,7 +190,7 @@ impl History {
         let at = self.now();
         let mut rec = self.lock();
         rec.faults.push((at, what.into()));
-        rec.leases_lost.push(at);
+        rec.leases_lost.push((at, Duration::MAX));
         rec.writes_lost.push((at, Duration::MAX));
     }
 
@@ -194,10 +198,13 @@ impl History {
     pub fn fault_over(&self) {
         let at = self.now();
         let mut rec = self.lock();
-        if let Some((_, end)) = rec.writes_lost.last_mut()
-            && *end == Duration::MAX
-        {
-            *end = at;
+        let rec = &mut *rec;
+        for lost in [&mut rec.leases_lost, &mut rec.writes_lost] {
+            if let Some((_, end)) = lost.last_mut()
+                && *end == Duration::MAX
+            {
+                *end = at;
+            }
         }
     }
 
@@ -269,6 +276,13 @@ pub struct Verdict {
 /// within three `wal_writer_delay`s (600 ms by default), or sooner when a
 /// producer's synchronous commit flushes it; with room for a loaded machine.
 const UNDO_WINDOW: Duration = Duration::from_secs(3);
+
+/// Whether a loss (`lost`, some moment from its beginning to its end) may
+/// have come between `start` and `end`.
+fn lost_between(lost: &[(Duration, Duration)], start: Duration, end: Duration) -> bool {
+    lost.iter()
+        .any(|(began, ended)| *began <= end && start <= *ended)
+}
 
 /// Whether the server failing (`lost`, from its beginning to its end) may
 /// have undone a write made during `start..end`.
@@ -390,14 +404,10 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
             if c1.lease_id == c2.lease_id {
                 continue;
             }
-            // The lease table was emptied after one of the claims began and
-            // before the other ended (which went first is the database's
-            // call): the earlier lease may be gone.
-            if rec
-                .leases_lost
-                .iter()
-                .any(|lost| c1.start.min(c2.start) <= *lost && *lost <= c1.end.max(c2.end))
-            {
+            // The lease table may have been emptied after one of the claims
+            // began and before the other ended (which went first is the
+            // database's call): the earlier lease may be gone.
+            if lost_between(&rec.leases_lost, c1.start.min(c2.start), c1.end.max(c2.end)) {
                 continue;
             }
             if a1 == a2 {
@@ -424,8 +434,11 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         }
     }
 
-    // No stale ack accepted: after an ack accepted under L, no claim with a
-    // later attempt may exist, before the ack (stale) or after it (re-leased).
+    // No stale ack accepted: after an ack accepted under L, no claim after
+    // L's may exist, before the ack (stale) or after it (re-leased). Claims
+    // are ordered by attempt, which counts them, unless the lease table may
+    // have been lost between the two: the count then started over, and only
+    // the clock tells which came first.
     for (id, list) in &settles {
         for (outcome, s) in list {
             if s.kind != SettleKind::Ack || !accepted(*outcome) {
@@ -434,7 +447,7 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
             let mine = claims
                 .get(id)
                 .and_then(|l| l.iter().find(|(_, c)| c.lease_id == s.lease_id));
-            let Some((attempt, _)) = mine else {
+            let Some(&(attempt, mine)) = mine else {
                 v(
                     "no stale ack accepted",
                     id,
@@ -446,7 +459,19 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
                 continue;
             };
             for (later, c) in claims.get(id).into_iter().flatten() {
-                if later <= attempt {
+                if c.lease_id == s.lease_id {
+                    continue;
+                }
+                let after = if lost_between(
+                    &rec.leases_lost,
+                    c.start.min(mine.start),
+                    c.end.max(mine.end),
+                ) {
+                    c.start >= mine.end
+                } else {
+                    *later > attempt
+                };
+                if !after {
                     continue;
                 }
                 // The server failed just after the ack, which it may have
@@ -802,13 +827,13 @@ mod tests {
         // A's claim and the end of B's.
         rec.claims[1] = claim("B", "m", 1, 1000, 1010);
         assert_eq!(rules(&check(&rec, &finals)), ["never two live leases"]);
-        rec.leases_lost.push(at(1020));
+        rec.leases_lost.push((at(1020), at(1020)));
         assert_eq!(
             rules(&check(&rec, &finals)),
             ["never two live leases"],
             "a loss after B's claim explains nothing"
         );
-        rec.leases_lost = vec![at(1005)];
+        rec.leases_lost = vec![(at(1005), at(1005))];
         let verdict = check(&rec, &finals);
         assert!(verdict.violations.is_empty(), "{}", verdict.report);
     }
@@ -834,13 +859,13 @@ mod tests {
             ["no stale ack accepted", "duplicates bounded"]
         );
         let mut failed = rec();
-        failed.leases_lost.push(at(500));
+        failed.leases_lost.push((at(500), at(2000)));
         failed.writes_lost.push((at(500), at(2000)));
         let verdict = check(&failed, &finals);
         assert!(verdict.violations.is_empty(), "{}", verdict.report);
         // A failure long after the ack undid nothing of it.
         let mut later = rec();
-        later.leases_lost.push(at(4000));
+        later.leases_lost.push((at(4000), at(4050)));
         later.writes_lost.push((at(4000), at(4050)));
         later.claims[1] = claim("B", "m", 2, 5000, 5010);
         later.deliveries[1] = delivery("B", "m", 5020);
@@ -848,6 +873,73 @@ mod tests {
         assert_eq!(
             rules(&check(&later, &finals)),
             ["no stale ack accepted", "duplicates bounded"]
+        );
+    }
+
+    /// A crash comes a moment after the sampler records the fault's
+    /// beginning: a claim in that moment holds a lease the crash then takes,
+    /// and the next claim hands the row out as the same attempt.
+    #[test]
+    fn a_claim_between_a_crash_beginning_and_the_crash_may_be_handed_out_again() {
+        let rec = |lost: (Duration, Duration)| Recorded {
+            committed: ["m".to_owned()].into(),
+            claims: vec![
+                claim("A", "m", 1, 7593, 7596),
+                claim("B", "m", 1, 8002, 8019),
+            ],
+            deliveries: vec![delivery("A", "m", 7737), delivery("B", "m", 8100)],
+            settles: vec![
+                ack("A", "m", Outcome::Unknown, 7737, 7741),
+                ack("A", "m", Outcome::LeaseLost, 7843, 7852),
+                ack("B", "m", Outcome::Ok, 8110, 8120),
+            ],
+            leases_lost: vec![lost],
+            writes_lost: vec![lost],
+            ..Recorded::default()
+        };
+        let finals = [("m".to_owned(), published("B", 1))].into();
+        let verdict = check(&rec((at(7590), at(7700))), &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        // Had the loss been taken as the fault's first moment alone:
+        assert_eq!(
+            rules(&check(&rec((at(7590), at(7590))), &finals)),
+            ["never two live leases"]
+        );
+    }
+
+    /// Leases expired twice (attempts 1 and 2), then a crash emptied the
+    /// lease table, and C handed the row out as attempt 1 again and acked:
+    /// not a stale ack, though attempt 2 was claimed before. B's ack after
+    /// C's claim is stale whatever the numbers say.
+    #[test]
+    fn attempt_numbers_start_over_after_a_lost_lease_table() {
+        let rec = Recorded {
+            committed: ["m".to_owned()].into(),
+            claims: vec![
+                claim("A", "m", 1, 0, 10),
+                claim("B", "m", 2, 2500, 2510),
+                claim("C", "m", 1, 3200, 3210),
+            ],
+            deliveries: vec![delivery("C", "m", 3250), delivery("B", "m", 4000)],
+            settles: vec![
+                ack("C", "m", Outcome::Ok, 3300, 3310),
+                ack("B", "m", Outcome::LeaseLost, 4000, 4010),
+            ],
+            leases_lost: vec![(at(3000), at(3100))],
+            writes_lost: vec![(at(3000), at(3100))],
+            exposed: ["m".to_owned()].into(),
+            ..Recorded::default()
+        };
+        let finals = [("m".to_owned(), published("C", 1))].into();
+        let verdict = check(&rec, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        let mut stale = rec.clone();
+        stale.settles[1].outcomes[0].1 = Outcome::Ok;
+        assert_eq!(
+            rules(&check(&stale, &finals)),
+            ["no stale ack accepted"],
+            "{}",
+            check(&stale, &finals).report
         );
     }
 
