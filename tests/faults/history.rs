@@ -15,7 +15,13 @@
 //!   not wait for their WAL: a redelivery, never a loss);
 //! - duplicates bounded by what was in flight: deliveries of an event never
 //!   exceed its claims, and no more events were claimed twice than were under
-//!   lease when a fault hit (or nacked, or held past their lease on purpose).
+//!   lease when a fault hit (or nacked, or held past their lease on purpose);
+//! - per-aggregate order, for a case whose outbox is ordered
+//!   (`ordering=aggregate`, [`check_ordered`]): each aggregate's events are
+//!   first handed out in `sequence` order, each only after the previous one
+//!   was acked, and a claim holds at most one event of an aggregate.
+//!   Redeliveries are not first deliveries: a crash that undoes an ack hands
+//!   that event out again after later ones, which the README allows.
 //!
 //! Times: `start`/`end` are the client's window around each call, from the
 //! history's epoch; `claimed_at`/`expires_at` are the database's clock, which
@@ -96,7 +102,6 @@ pub struct Recorded {
     /// followed by a live lease on the same row, and attempts count from
     /// the row's own number again.
     pub leases_lost: Vec<(Duration, Duration)>,
-
     /// When the server itself failed (from the fault's beginning to its end):
     /// outboxd's writes shortly before or during it may be undone.
     pub writes_lost: Vec<(Duration, Duration)>,
@@ -230,6 +235,10 @@ impl History {
 /// A row of the outbox at the end of a case.
 #[derive(Debug, Clone)]
 pub struct FinalRow {
+    /// Its aggregate and `seq`, for the order rule: the table is the one
+    /// record of every committed event's place, handed out or not.
+    pub aggregate: String,
+    pub seq: i64,
     pub published: bool,
     pub dead_lettered: bool,
     pub last_error: Option<String>,
@@ -260,6 +269,10 @@ pub struct Figures {
     pub failed_calls: usize,
     /// The longest settle call, answered or given up: how long a fault held a client.
     pub slowest_settle: Duration,
+    /// Aggregates held to the order rule, and the pairs of successive events
+    /// in them it compared (both 0 unless the case is ordered).
+    pub aggregates: usize,
+    pub ordered_pairs: usize,
 }
 
 #[derive(Debug)]
@@ -303,8 +316,17 @@ fn released(outcome: Outcome) -> bool {
     )
 }
 
-/// Checks `rec` and the final table against the invariants.
+/// Checks `rec` and the final table against the lease rules.
 pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
+    verdict(rec, finals, false)
+}
+
+/// As [`check`], and per-aggregate order: for a case whose outbox is ordered.
+pub fn check_ordered(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
+    verdict(rec, finals, true)
+}
+
+fn verdict(rec: &Recorded, finals: &HashMap<String, FinalRow>, ordered: bool) -> Verdict {
     let mut violations = Vec::new();
     let mut v = |rule: &'static str, id: &str, detail: String| {
         violations.push(Violation {
@@ -581,6 +603,12 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         );
     }
 
+    let (aggregates, ordered_pairs) = if ordered {
+        per_aggregate_order(rec, finals, &claims, &settles, &mut v)
+    } else {
+        (0, 0)
+    };
+
     let delivered_ids = deliveries.len();
     let figures = Figures {
         events: committed.len(),
@@ -605,6 +633,8 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
             .map(|s| s.end.saturating_sub(s.start))
             .max()
             .unwrap_or_default(),
+        aggregates,
+        ordered_pairs,
     };
     let report = report(rec, finals, &violations, &claims, &settles, &deliveries);
     Verdict {
@@ -612,6 +642,110 @@ pub fn check(rec: &Recorded, finals: &HashMap<String, FinalRow>) -> Verdict {
         figures,
         report,
     }
+}
+
+/// Per-aggregate order on what the history knows: a claim's answer came
+/// back at `end`, an ack was sent at `start`. An event's first delivery is
+/// its earliest claim; later ones are redeliveries (an expired lease, a nack,
+/// a lost lease table, an ack a crash undid) and may follow later events.
+/// A first claim must not come back before the previous event's first claim
+/// was sent, nor before the first ack that may have published it (answered,
+/// or failed and perhaps applied) was sent: an ack a crash undid still
+/// ordered what went out after it. A previous event dead-lettered (or
+/// discarded) let its aggregate go on at a moment the history does not
+/// record, so only the first rule holds for it. Returns the aggregates and
+/// successive pairs checked.
+fn per_aggregate_order(
+    rec: &Recorded,
+    finals: &HashMap<String, FinalRow>,
+    claims: &HashMap<&str, Vec<(u32, &Claim)>>,
+    settles: &HashMap<&str, Vec<(Outcome, &Settle)>>,
+    v: &mut impl FnMut(&'static str, &str, String),
+) -> (usize, usize) {
+    const RULE: &str = "per-aggregate order";
+    let mut by_aggregate: BTreeMap<&str, Vec<(i64, &str)>> = BTreeMap::new();
+    for (id, row) in finals {
+        by_aggregate
+            .entry(row.aggregate.as_str())
+            .or_default()
+            .push((row.seq, id.as_str()));
+    }
+    let first_claim = |id: &str| -> Option<&Claim> {
+        claims
+            .get(id)?
+            .iter()
+            .map(|(_, c)| *c)
+            .min_by_key(|c| (c.start, c.end))
+    };
+    let first_ack = |id: &str| -> Option<Duration> {
+        settles
+            .get(id)?
+            .iter()
+            .filter(|(o, s)| {
+                s.kind == SettleKind::Ack
+                    && matches!(o, Outcome::Ok | Outcome::AlreadyDone | Outcome::Unknown)
+            })
+            .map(|(_, s)| s.start)
+            .min()
+    };
+    let mut pairs = 0;
+    for (aggregate, events) in &mut by_aggregate {
+        events.sort_unstable();
+        for pair in events.windows(2) {
+            let ((prev_seq, prev), (seq, id)) = (pair[0], pair[1]);
+            let Some(first) = first_claim(id) else {
+                // Never handed out: the "no event lost" rule speaks for it.
+                continue;
+            };
+            pairs += 1;
+            if let Some(before) = first_claim(prev)
+                && first.end < before.start
+            {
+                v(
+                    RULE,
+                    id,
+                    format!(
+                        "{aggregate}: seq {seq} first handed out (lease {}, answered at {:?}) before \
+                         seq {prev_seq} ({prev}) was first claimed (lease {}, sent at {:?})",
+                        first.lease_id, first.end, before.lease_id, before.start
+                    ),
+                );
+            }
+            if finals[prev].dead_lettered {
+                continue;
+            }
+            let acked = first_ack(prev);
+            if acked.is_none_or(|at| first.end < at) {
+                v(
+                    RULE,
+                    id,
+                    format!(
+                        "{aggregate}: seq {seq} first handed out (lease {}, answered at {:?}) before \
+                         seq {prev_seq} ({prev}) was acked (first ack sent at {acked:?})",
+                        first.lease_id, first.end
+                    ),
+                );
+            }
+        }
+    }
+    for c in &rec.claims {
+        let mut held = HashSet::new();
+        for (id, _) in &c.messages {
+            if let Some(row) = finals.get(id)
+                && !held.insert(row.aggregate.as_str())
+            {
+                v(
+                    RULE,
+                    id,
+                    format!(
+                        "lease {} holds two events of {}: one at a time per aggregate",
+                        c.lease_id, row.aggregate
+                    ),
+                );
+            }
+        }
+    }
+    (by_aggregate.len(), pairs)
 }
 
 fn ms(d: Duration) -> String {
@@ -743,6 +877,8 @@ mod tests {
 
     fn published(lease: &str, attempts: u32) -> FinalRow {
         FinalRow {
+            aggregate: "a".into(),
+            seq: 1,
             published: true,
             dead_lettered: false,
             last_error: None,
@@ -990,6 +1126,155 @@ mod tests {
         // One claim, two publishes.
         rec.deliveries = vec![by_broker(2), by_broker(2)];
         assert_eq!(rules(&check(&rec, &finals)), ["duplicates bounded"]);
+    }
+
+    fn row(aggregate: &str, seq: i64, lease: &str, attempts: u32) -> FinalRow {
+        FinalRow {
+            aggregate: aggregate.into(),
+            seq,
+            ..published(lease, attempts)
+        }
+    }
+
+    /// Aggregate `a`: m1 (seq 1) is claimed by A, published and acked; then
+    /// m2 (seq 2) is claimed by B, published and acked.
+    fn in_order() -> (Recorded, HashMap<String, FinalRow>) {
+        let rec = Recorded {
+            committed: ["m1".to_owned(), "m2".to_owned()].into(),
+            claims: vec![claim("A", "m1", 1, 0, 10), claim("B", "m2", 1, 200, 210)],
+            deliveries: vec![delivery("A", "m1", 20), delivery("B", "m2", 220)],
+            settles: vec![
+                ack("A", "m1", Outcome::Ok, 100, 110),
+                ack("B", "m2", Outcome::Ok, 300, 310),
+            ],
+            ..Recorded::default()
+        };
+        let finals = [
+            ("m1".to_owned(), row("a", 1, "A", 1)),
+            ("m2".to_owned(), row("a", 2, "B", 1)),
+        ]
+        .into();
+        (rec, finals)
+    }
+
+    #[test]
+    fn an_ordered_history_passes_and_counts_its_aggregates() {
+        let (rec, finals) = in_order();
+        let verdict = check_ordered(&rec, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        assert_eq!(
+            (verdict.figures.aggregates, verdict.figures.ordered_pairs),
+            (1, 1)
+        );
+        let unordered = check(&rec, &finals);
+        assert_eq!(
+            (
+                unordered.figures.aggregates,
+                unordered.figures.ordered_pairs
+            ),
+            (0, 0),
+            "an unordered case is not held to order"
+        );
+    }
+
+    #[test]
+    fn an_event_handed_out_before_the_previous_one_was_acked_breaks_the_order() {
+        let (mut rec, finals) = in_order();
+        // B got m2 at 50-60 ms, before A's ack of m1 was sent at 100 ms.
+        rec.claims[1] = claim("B", "m2", 1, 50, 60);
+        rec.deliveries[1] = delivery("B", "m2", 70);
+        let verdict = check_ordered(&rec, &finals);
+        assert_eq!(
+            rules(&verdict),
+            ["per-aggregate order"],
+            "{}",
+            verdict.report
+        );
+        assert!(verdict.report.contains("before seq 1 (m1) was acked"));
+        assert!(
+            check(&rec, &finals).violations.is_empty(),
+            "opt-in: an unordered case is not held to it"
+        );
+        // Worse: m2 went out before m1 was even claimed (first deliveries
+        // out of sequence order), which is also before m1's ack.
+        rec.claims[1] = claim("B", "m2", 1, 0, 5);
+        rec.claims[0] = claim("A", "m1", 1, 8, 10);
+        let verdict = check_ordered(&rec, &finals);
+        assert_eq!(
+            rules(&verdict),
+            ["per-aggregate order", "per-aggregate order"],
+            "{}",
+            verdict.report
+        );
+        assert!(
+            verdict
+                .report
+                .contains("before seq 1 (m1) was first claimed")
+        );
+        // Either way it is the first delivery that counts, whatever the server
+        // lost later.
+        rec.leases_lost.push((at(400), at(900)));
+        rec.writes_lost.push((at(400), at(900)));
+        assert_eq!(rules(&check_ordered(&rec, &finals)).len(), 2);
+    }
+
+    #[test]
+    fn one_claim_with_two_events_of_an_aggregate_breaks_the_order() {
+        let (mut rec, finals) = in_order();
+        rec.claims = vec![Claim {
+            messages: vec![("m1".into(), 1), ("m2".into(), 1)],
+            ..claim("A", "m1", 1, 0, 10)
+        }];
+        rec.deliveries[1] = delivery("A", "m2", 20);
+        rec.settles = vec![Settle {
+            outcomes: vec![("m1".into(), Outcome::Ok), ("m2".into(), Outcome::Ok)],
+            ..ack("A", "m1", Outcome::Ok, 100, 110)
+        }];
+        let finals: HashMap<String, FinalRow> = finals
+            .into_iter()
+            .map(|(id, r)| {
+                (
+                    id,
+                    FinalRow {
+                        lease_id: Some("A".into()),
+                        ..r
+                    },
+                )
+            })
+            .collect();
+        let verdict = check_ordered(&rec, &finals);
+        assert!(
+            verdict
+                .violations
+                .iter()
+                .any(|v| v.detail.contains("holds two events of a")),
+            "{}",
+            verdict.report
+        );
+    }
+
+    /// A crash undoes A's ack of m1 after m2 went out: m1 is handed out
+    /// again after m2 (a duplicate after a later event), then m2 again.
+    /// First deliveries were in order, so that is no violation.
+    #[test]
+    fn a_redelivery_after_a_later_event_is_not_an_order_violation() {
+        let (mut rec, _) = in_order();
+        rec.leases_lost.push((at(400), at(900)));
+        rec.writes_lost.push((at(400), at(900)));
+        rec.claims.push(claim("C", "m1", 1, 1000, 1010));
+        rec.deliveries.push(delivery("C", "m1", 1020));
+        rec.settles.push(ack("C", "m1", Outcome::Ok, 1030, 1040));
+        rec.claims.push(claim("D", "m2", 1, 1100, 1110));
+        rec.deliveries.push(delivery("D", "m2", 1120));
+        rec.settles.push(ack("D", "m2", Outcome::Ok, 1130, 1140));
+        let finals = [
+            ("m1".to_owned(), row("a", 1, "C", 1)),
+            ("m2".to_owned(), row("a", 2, "D", 1)),
+        ]
+        .into();
+        let verdict = check_ordered(&rec, &finals);
+        assert!(verdict.violations.is_empty(), "{}", verdict.report);
+        assert_eq!(verdict.figures.duplicates, 2);
     }
 
     #[test]

@@ -82,10 +82,19 @@ impl TestDb {
 
     /// The table at the end of the case.
     pub async fn finals(&self) -> HashMap<String, FinalRow> {
-        type Columns = (String, bool, bool, Option<String>, i32, Option<String>);
+        type Columns = (
+            String,
+            String,
+            i64,
+            bool,
+            bool,
+            Option<String>,
+            i32,
+            Option<String>,
+        );
         let rows: Vec<Columns> = sqlx::query_as(
-            "SELECT id::text, published_at IS NOT NULL, dead_lettered_at IS NOT NULL,
-                    last_error, attempts, lease_id::text
+            "SELECT id::text, aggregate_id, seq, published_at IS NOT NULL,
+                    dead_lettered_at IS NOT NULL, last_error, attempts, lease_id::text
              FROM outbox",
         )
         .fetch_all(&self.pool)
@@ -93,8 +102,10 @@ impl TestDb {
         .expect("read the final table");
         rows.into_iter()
             .map(
-                |(id, published, dead_lettered, last_error, attempts, lease_id)| {
+                |(id, aggregate, seq, published, dead_lettered, last_error, attempts, lease_id)| {
                     let row = FinalRow {
+                        aggregate,
+                        seq,
                         published,
                         dead_lettered,
                         last_error,
@@ -403,15 +414,36 @@ pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
 
 /// Checks the history against the final table and prints the case's figures.
 pub async fn assess(case: &Case, name: &str) -> Figures {
+    judge(case, name, false).await
+}
+
+/// As [`assess`], with per-aggregate order: for a case on an ordered outbox.
+pub async fn assess_ordered(case: &Case, name: &str) -> Figures {
+    judge(case, name, true).await
+}
+
+async fn judge(case: &Case, name: &str, ordered: bool) -> Figures {
     let finals = case.db.finals().await;
     let recorded = case.history.recorded();
-    let verdict = history::check(&recorded, &finals);
+    let verdict = if ordered {
+        history::check_ordered(&recorded, &finals)
+    } else {
+        history::check(&recorded, &finals)
+    };
     let f = &verdict.figures;
     let codes: &BTreeMap<String, usize> = &recorded.codes;
+    let order = if ordered {
+        format!(
+            ", {} aggregates in order ({} successive pairs)",
+            f.aggregates, f.ordered_pairs
+        )
+    } else {
+        String::new()
+    };
     println!(
         "fault case {name}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
          (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
-         ({} failed calls {codes:?}, slowest settle {:.2}s), {:.1}s",
+         ({} failed calls {codes:?}, slowest settle {:.2}s){order}, {:.1}s",
         f.events,
         f.deliveries,
         f.duplicates,
