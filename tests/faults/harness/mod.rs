@@ -34,12 +34,25 @@ use crate::{
         wait::{secs, wait_until},
     },
 };
-pub use producers::{burst, produce};
+pub use producers::{burst, produce, produce_shared};
 pub use sampler::Sampler;
 pub use workers::{Conn, LEASE, Targets, Workers};
 
 /// Workers in a case's load.
 const WORKERS: usize = 4;
+
+/// The ordered outbox of a case under [`Case::load_ordered`]. Attempts are
+/// far above what nacks, expiries and crashes add up to: a dead-lettered head
+/// would block its aggregate (`poison=block`) and the case would never drain.
+pub const ORDERED: [&str; 2] = [
+    "--outbox",
+    "default=public.outbox:ordering=aggregate:max_attempts=100",
+];
+
+/// Aggregates the producers of [`Case::load_ordered`] write: few enough that
+/// overlapping transactions often write the same one, enough that four
+/// workers, one event per aggregate at a time, keep up with the producers.
+const ORDERED_AGGREGATES: usize = 100;
 
 /// What the cases read from their database, beyond what every test can.
 impl TestDb {
@@ -212,6 +225,25 @@ impl Case {
             workers: Workers::spawn(WORKERS, targets, &self.history),
             sampler: Sampler::start(&self.db.pool, &self.history),
             producers: produce(&self.db.pool, &self.history, events, spread),
+            ordered: false,
+        }
+    }
+
+    /// As [`Case::load`], for outboxd serving the [`ORDERED`] outbox: the
+    /// producers share aggregates ([`produce_shared`]), and the checker holds
+    /// the case to per-aggregate order as well.
+    pub fn load_ordered(&self, targets: &Targets, events: usize, spread: Duration) -> Load {
+        Load {
+            workers: Workers::spawn(WORKERS, targets, &self.history),
+            sampler: Sampler::start(&self.db.pool, &self.history),
+            producers: produce_shared(
+                &self.db.pool,
+                &self.history,
+                events,
+                spread,
+                ORDERED_AGGREGATES,
+            ),
+            ordered: true,
         }
     }
 }
@@ -221,6 +253,8 @@ pub struct Load {
     pub workers: Workers,
     pub sampler: Sampler,
     producers: JoinHandle<()>,
+    /// Checked for per-aggregate order too ([`Case::load_ordered`]).
+    ordered: bool,
 }
 
 impl Load {
@@ -230,7 +264,7 @@ impl Load {
     pub async fn conclude(self, case: &Case, name: &str) -> Figures {
         self.producers.await.expect("producers");
         drained(&case.db, self.sampler, Some(self.workers)).await;
-        assess(case, name).await
+        judge(case, name, self.ordered).await
     }
 }
 
