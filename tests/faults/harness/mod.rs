@@ -262,8 +262,28 @@ impl Load {
     /// the workers and the sampler stop, and the history is checked against
     /// the final table.
     pub async fn conclude(self, case: &Case, name: &str) -> Figures {
+        self.drain(case).await.assess(case, name).await
+    }
+
+    /// The first half of [`Load::conclude`], for a case that reads the
+    /// drained table before the checker has its say.
+    pub async fn drain(self, case: &Case) -> Drained {
         self.producers.await.expect("producers");
         drained(&case.db, self.sampler, Some(self.workers)).await;
+        Drained {
+            ordered: self.ordered,
+        }
+    }
+}
+
+/// A load that has drained: its history is ready for the checker.
+pub struct Drained {
+    ordered: bool,
+}
+
+impl Drained {
+    /// The second half of [`Load::conclude`].
+    pub async fn assess(self, case: &Case, name: &str) -> Figures {
         judge(case, name, self.ordered).await
     }
 }
