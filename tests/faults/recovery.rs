@@ -14,7 +14,7 @@ use tonic_health::pb::{
 };
 
 use crate::{
-    harness::{Case, Log, Outboxd, Targets, burst, full_form, logged_command},
+    harness::{Case, Log, ORDERED, Outboxd, Targets, burst, full_form, logged_command},
     shared::{
         bins,
         cluster::PrivateCluster,
@@ -285,12 +285,14 @@ async fn outboxd_started_against_a_standby_waits_for_the_promotion() {
     drop(server);
 }
 
-/// A failover under load: the primary stops at once, the address outboxd
-/// uses moves to its synchronous standby while that is still in recovery
-/// (outboxd answers UNAVAILABLE, never INTERNAL), then the standby is
-/// promoted. Nothing committed is lost (the standby is synchronous), no row
-/// is under two live leases, and what the promoted server forgot (the lease
-/// table, outboxd's last asynchronous writes) only causes redeliveries.
+/// A failover under load on an ordered outbox: the primary stops at once,
+/// the address outboxd uses moves to its synchronous standby while that is
+/// still in recovery (outboxd answers UNAVAILABLE, never INTERNAL), then the
+/// standby is promoted. Nothing committed is lost (the standby is
+/// synchronous), no row is under two live leases, each aggregate's events
+/// are first handed out in `sequence` order, each after the previous one
+/// was acked, and what the promoted server forgot (the lease table, its
+/// epoch, outboxd's last asynchronous writes) only causes redeliveries.
 /// Short form: one failover; `OUTBOXD_FAULTS_FULL=1`: three, over more events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_to_a_synchronous_standby_under_load_loses_nothing() {
@@ -301,8 +303,8 @@ async fn a_failover_to_a_synchronous_standby_under_load_loses_nothing() {
     };
     let (case, proxy) = Case::begin_private_behind_proxy().await;
     let mut standby = case.cluster().synchronous_standby().await;
-    let server = Outboxd::start(&case.db.url(), free_port()).await;
-    let load = case.load(&Targets::new([server.url()]), events, spread);
+    let server = Outboxd::start_with(&case.db.url(), free_port(), &ORDERED).await;
+    let load = case.load_ordered(&Targets::new([server.url()]), events, spread);
 
     // Every cluster stays until the end, stopped or not: dropping one removes it.
     let mut clusters: Vec<PrivateCluster> = Vec::new();
@@ -346,6 +348,10 @@ async fn a_failover_to_a_synchronous_standby_under_load_loses_nothing() {
     assert!(
         figures.failed_calls > 0 && figures.recoveries > 0,
         "the workers felt the failover and got through again"
+    );
+    assert!(
+        figures.ordered_pairs > 0,
+        "the order rule compared events of one aggregate"
     );
     let last = clusters.last().expect("a promoted standby");
     assert!(!last.in_recovery().await, "the last standby was promoted");

@@ -34,12 +34,25 @@ use crate::{
         wait::{secs, wait_until},
     },
 };
-pub use producers::{burst, produce};
+pub use producers::{burst, produce, produce_shared};
 pub use sampler::Sampler;
 pub use workers::{Conn, LEASE, Targets, Workers};
 
 /// Workers in a case's load.
 const WORKERS: usize = 4;
+
+/// The ordered outbox of a case under [`Case::load_ordered`]. Attempts are
+/// far above what nacks, expiries and crashes add up to: a dead-lettered head
+/// would block its aggregate (`poison=block`) and the case would never drain.
+pub const ORDERED: [&str; 2] = [
+    "--outbox",
+    "default=public.outbox:ordering=aggregate:max_attempts=100",
+];
+
+/// Aggregates the producers of [`Case::load_ordered`] write: few enough that
+/// overlapping transactions often write the same one, enough that four
+/// workers, one event per aggregate at a time, keep up with the producers.
+const ORDERED_AGGREGATES: usize = 100;
 
 /// What the cases read from their database, beyond what every test can.
 impl TestDb {
@@ -82,10 +95,19 @@ impl TestDb {
 
     /// The table at the end of the case.
     pub async fn finals(&self) -> HashMap<String, FinalRow> {
-        type Columns = (String, bool, bool, Option<String>, i32, Option<String>);
+        type Columns = (
+            String,
+            String,
+            i64,
+            bool,
+            bool,
+            Option<String>,
+            i32,
+            Option<String>,
+        );
         let rows: Vec<Columns> = sqlx::query_as(
-            "SELECT id::text, published_at IS NOT NULL, dead_lettered_at IS NOT NULL,
-                    last_error, attempts, lease_id::text
+            "SELECT id::text, aggregate_id, seq, published_at IS NOT NULL,
+                    dead_lettered_at IS NOT NULL, last_error, attempts, lease_id::text
              FROM outbox",
         )
         .fetch_all(&self.pool)
@@ -93,8 +115,10 @@ impl TestDb {
         .expect("read the final table");
         rows.into_iter()
             .map(
-                |(id, published, dead_lettered, last_error, attempts, lease_id)| {
+                |(id, aggregate, seq, published, dead_lettered, last_error, attempts, lease_id)| {
                     let row = FinalRow {
+                        aggregate,
+                        seq,
                         published,
                         dead_lettered,
                         last_error,
@@ -201,6 +225,25 @@ impl Case {
             workers: Workers::spawn(WORKERS, targets, &self.history),
             sampler: Sampler::start(&self.db.pool, &self.history),
             producers: produce(&self.db.pool, &self.history, events, spread),
+            ordered: false,
+        }
+    }
+
+    /// As [`Case::load`], for outboxd serving the [`ORDERED`] outbox: the
+    /// producers share aggregates ([`produce_shared`]), and the checker holds
+    /// the case to per-aggregate order as well.
+    pub fn load_ordered(&self, targets: &Targets, events: usize, spread: Duration) -> Load {
+        Load {
+            workers: Workers::spawn(WORKERS, targets, &self.history),
+            sampler: Sampler::start(&self.db.pool, &self.history),
+            producers: produce_shared(
+                &self.db.pool,
+                &self.history,
+                events,
+                spread,
+                ORDERED_AGGREGATES,
+            ),
+            ordered: true,
         }
     }
 }
@@ -210,6 +253,8 @@ pub struct Load {
     pub workers: Workers,
     pub sampler: Sampler,
     producers: JoinHandle<()>,
+    /// Checked for per-aggregate order too ([`Case::load_ordered`]).
+    ordered: bool,
 }
 
 impl Load {
@@ -217,9 +262,29 @@ impl Load {
     /// the workers and the sampler stop, and the history is checked against
     /// the final table.
     pub async fn conclude(self, case: &Case, name: &str) -> Figures {
+        self.drain(case).await.assess(case, name).await
+    }
+
+    /// The first half of [`Load::conclude`], for a case that reads the
+    /// drained table before the checker has its say.
+    pub async fn drain(self, case: &Case) -> Drained {
         self.producers.await.expect("producers");
         drained(&case.db, self.sampler, Some(self.workers)).await;
-        assess(case, name).await
+        Drained {
+            ordered: self.ordered,
+        }
+    }
+}
+
+/// A load that has drained: its history is ready for the checker.
+pub struct Drained {
+    ordered: bool,
+}
+
+impl Drained {
+    /// The second half of [`Load::conclude`].
+    pub async fn assess(self, case: &Case, name: &str) -> Figures {
+        judge(case, name, self.ordered).await
     }
 }
 
@@ -420,15 +485,36 @@ pub async fn drained(db: &TestDb, sampler: Sampler, workers: Option<Workers>) {
 
 /// Checks the history against the final table and prints the case's figures.
 pub async fn assess(case: &Case, name: &str) -> Figures {
+    judge(case, name, false).await
+}
+
+/// As [`assess`], with per-aggregate order: for a case on an ordered outbox.
+pub async fn assess_ordered(case: &Case, name: &str) -> Figures {
+    judge(case, name, true).await
+}
+
+async fn judge(case: &Case, name: &str, ordered: bool) -> Figures {
     let finals = case.db.finals().await;
     let recorded = case.history.recorded();
-    let verdict = history::check(&recorded, &finals);
+    let verdict = if ordered {
+        history::check_ordered(&recorded, &finals)
+    } else {
+        history::check(&recorded, &finals)
+    };
     let f = &verdict.figures;
     let codes: &BTreeMap<String, usize> = &recorded.codes;
+    let order = if ordered {
+        format!(
+            ", {} aggregates in order ({} successive pairs)",
+            f.aggregates, f.ordered_pairs
+        )
+    } else {
+        String::new()
+    };
     println!(
         "fault case {name}: {} events, {} deliveries, {} duplicates, {} claimed more than once \
          (bound: {} under lease at a fault), {} stale acks fenced, {} dead-lettered, {} faults injected, {} recoveries \
-         ({} failed calls {codes:?}, slowest settle {:.2}s), {:.1}s",
+         ({} failed calls {codes:?}, slowest settle {:.2}s){order}, {:.1}s",
         f.events,
         f.deliveries,
         f.duplicates,
