@@ -215,3 +215,53 @@ pub async fn worker(w: Worker) -> anyhow::Result<()> {
     close(db, &ch).await;
     Ok(())
 }
+
+/// One classic worker without a broker (issue #48's claim-drain): select,
+/// mark published, commit, as fast as the database lets it, so the drain
+/// measures the database's share of the pattern alone. Stops at the first
+/// empty batch: every row left is then locked by another worker, which marks
+/// it.
+pub async fn drain_no_broker(
+    mut db: PgConnection,
+    batch: u32,
+    deadline: Instant,
+    shared: Arc<Shared>,
+) -> anyhow::Result<()> {
+    let limit = i64::from(batch);
+    for _ in 0..100_000_000u64 {
+        if shared.stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+            break;
+        }
+        let began = Instant::now();
+        let mut tx = db.begin().await.context("BEGIN")?;
+        let rows = sqlx::query(SELECT)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .context("classic SELECT ... FOR UPDATE SKIP LOCKED")?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // Read as the relay reads them, payload and all.
+            let (id, _, _) = message(row)?;
+            ids.push(id);
+        }
+        if ids.is_empty() {
+            tx.commit().await.context("COMMIT")?;
+            shared.statements.fetch_add(3, Ordering::Relaxed);
+            shared.count_batch(0);
+            break;
+        }
+        let selected = began.elapsed();
+        let marking = Instant::now();
+        sqlx::query(MARK)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .context("classic UPDATE published_at")?;
+        tx.commit().await.context("COMMIT")?;
+        shared.statements.fetch_add(4, Ordering::Relaxed);
+        shared.count_sent(ids.len(), [selected, Duration::ZERO, marking.elapsed()]);
+    }
+    let _ = db.close().await;
+    Ok(())
+}

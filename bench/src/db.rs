@@ -185,6 +185,10 @@ pub enum Shape {
 /// outbox row, named after the outbox table.
 pub const LEASES: &str = "outbox_leases";
 
+/// outboxd's epoch table beside `outbox`: the claim cursor counts only while
+/// it holds the epoch outboxd read (#48).
+pub const EPOCH: &str = "outbox_epoch";
+
 /// Whether the connection's `outbox` has outboxd's lease table beside it (the
 /// classic table never has; outboxd's has since #32, once outboxd adopted it).
 pub async fn has_leases(conn: &mut PgConnection) -> anyhow::Result<bool> {

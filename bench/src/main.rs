@@ -18,6 +18,7 @@
 #![allow(clippy::print_stdout)]
 
 mod charts;
+mod claims;
 mod classic;
 mod cpu;
 mod db;
@@ -48,11 +49,11 @@ pub struct Args {
 
     /// Scenarios to run (comma-separated): drain, producers, latency, scale, ordered-drain, ordered-claim,
     /// hot-aggregate (`ordering` stands for these three), secure-pairs, secure-drain (`security`
-    /// stands for these two).
+    /// stands for these two), claim-drain, held-leases (issue #48's).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "drain,producers,latency,scale,ordered-drain,ordered-claim,hot-aggregate,secure-pairs,secure-drain"
+        default_value = "drain,producers,latency,scale,ordered-drain,ordered-claim,hot-aggregate,secure-pairs,secure-drain,claim-drain,held-leases"
     )]
     pub scenarios: Vec<String>,
 
@@ -138,6 +139,35 @@ pub struct Args {
     #[arg(long)]
     pub secure_claims: Option<usize>,
 
+    /// Claim-drain: pre-filled backlog per drain (each design drains it on a
+    /// fresh table, then as much again beside the retained rows).
+    #[arg(long)]
+    pub claim_events: Option<u64>,
+
+    /// Claim-drain: shapes as BATCHxWORKERS (comma-separated); 100x4 is the
+    /// shape of the CPU target.
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
+    pub claim_shapes: Option<Vec<(u32, u32)>>,
+
+    /// Claim-drain: VACUUM ANALYZE both designs' tables before each drain
+    /// (`false`: ANALYZE only, the dead row versions left in place).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub claim_vacuum: bool,
+
+    /// Claim-drain, an experiment: set this fillfactor on outboxd's table
+    /// before its drains (outboxd keeps a table's own fillfactor), to see
+    /// what its page fill does to the WAL. Unset: outboxd's own.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(10..=100))]
+    pub claim_fillfactor: Option<u8>,
+
+    /// Held-leases: leases held by another worker at each point (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub held: Option<Vec<u64>>,
+
+    /// Held-leases: timed claims of 100 per point (and as many beside them with none held).
+    #[arg(long)]
+    pub held_claims: Option<usize>,
+
     /// Directory holding the `outboxd` and `outbox-relay` binaries.
     #[arg(long, default_value = "target/release")]
     pub bin_dir: PathBuf,
@@ -192,11 +222,35 @@ pub struct Plan {
     pub secure_pairs: bool,
     pub secure_drain: bool,
     pub secure_claims: usize,
+    pub claim_drain: bool,
+    pub held_leases: bool,
+    pub claim_events: u64,
+    pub claim_shapes: Vec<(u32, u32)>,
+    pub claim_vacuum: bool,
+    pub claim_fillfactor: Option<u8>,
+    pub held: Vec<u64>,
+    pub held_claims: usize,
+}
+
+/// `100x4`: batch 100, 4 workers.
+fn parse_shape(s: &str) -> Result<(u32, u32), String> {
+    let (b, w) = s
+        .split_once(['x', '×'])
+        .ok_or_else(|| format!("{s:?} is not BATCHxWORKERS, e.g. 100x4"))?;
+    let b: u32 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad batch in {s:?}"))?;
+    let w: u32 = w
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad worker count in {s:?}"))?;
+    Ok((b, w))
 }
 
 /// The scenarios `--scenarios` accepts; `ordering` stands for the three
-/// ordered ones, `security` for the last two.
-const SCENARIOS: [&str; 9] = [
+/// ordered ones, `security` for the two secure ones.
+const SCENARIOS: [&str; 11] = [
     "drain",
     "producers",
     "latency",
@@ -206,6 +260,8 @@ const SCENARIOS: [&str; 9] = [
     "hot-aggregate",
     "secure-pairs",
     "secure-drain",
+    "claim-drain",
+    "held-leases",
 ];
 
 impl Plan {
@@ -215,7 +271,7 @@ impl Plan {
             a.scenarios.iter().any(|x| {
                 x.trim() == s
                     || (x.trim() == "ordering" && SCENARIOS[4..7].contains(&s))
-                    || (x.trim() == "security" && SCENARIOS[7..].contains(&s))
+                    || (x.trim() == "security" && SCENARIOS[7..9].contains(&s))
             })
         };
         for s in &a.scenarios {
@@ -279,6 +335,26 @@ impl Plan {
             ordered_pending: a.ordered_pending.unwrap_or(if q { 6_000 } else { 100_000 }),
             ordered_claims: a.ordered_claims.unwrap_or(if q { 10 } else { 200 }),
             hot_events: a.hot_events.unwrap_or(if q { 200 } else { 5_000 }),
+            claim_drain: has("claim-drain"),
+            held_leases: has("held-leases"),
+            claim_events: a.claim_events.unwrap_or(if q { 4_000 } else { 40_000 }),
+            claim_shapes: a.claim_shapes.clone().unwrap_or_else(|| {
+                if q {
+                    vec![claims::TARGET_SHAPE]
+                } else {
+                    claims::SHAPES.to_vec()
+                }
+            }),
+            claim_vacuum: a.claim_vacuum,
+            claim_fillfactor: a.claim_fillfactor,
+            held: a.held.clone().unwrap_or_else(|| {
+                if q {
+                    vec![0, 1_000]
+                } else {
+                    vec![0, 1_000, 10_000]
+                }
+            }),
+            held_claims: a.held_claims.unwrap_or(if q { 5 } else { 100 }),
         };
         anyhow::ensure!(plan.reps >= 1 && plan.reps <= 20, "--reps must be 1..=20");
         anyhow::ensure!(
@@ -329,6 +405,26 @@ impl Plan {
         anyhow::ensure!(
             (1..=100_000).contains(&plan.secure_claims),
             "--secure-claims must be 1..=100000"
+        );
+        anyhow::ensure!(
+            (100..=10_000_000).contains(&plan.claim_events),
+            "--claim-events must be 100..=10M"
+        );
+        anyhow::ensure!(
+            !plan.claim_shapes.is_empty()
+                && plan
+                    .claim_shapes
+                    .iter()
+                    .all(|&(b, w)| (1..=1000).contains(&b) && (1..=32).contains(&w)),
+            "--claim-shapes: batch 1..=1000, workers 1..=32"
+        );
+        anyhow::ensure!(
+            !plan.held.is_empty() && plan.held.iter().all(|&h| h <= 1_000_000),
+            "--held needs values of at most 1M"
+        );
+        anyhow::ensure!(
+            (1..=10_000).contains(&plan.held_claims),
+            "--held-claims must be 1..=10000"
         );
         anyhow::ensure!(
             plan.hot_events >= 1 && plan.hot_events <= 1_000_000,

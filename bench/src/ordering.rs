@@ -48,14 +48,18 @@ const HEAD_ONLY: &str = "AND NOT EXISTS (SELECT 1 FROM {table} AS p
 /// started before the claim is still open.
 fn ordered_claim_sql(schema: &str) -> String {
     let head_only = HEAD_ONLY.replace("{parked}", "");
+    // Since #48 every claim has the guard's bound; before, only the ordered
+    // one added it.
+    let fresh_order = if scenarios::CLAIM_SQL.contains("o.seq <= $9::bigint") {
+        head_only.clone()
+    } else {
+        format!("AND o.seq <= $9::bigint\n      {head_only}")
+    };
     let sql = scenarios::CLAIM_SQL
         .replace("{expired_order}", &head_only)
-        .replace(
-            "{fresh_order}",
-            &format!("AND o.seq <= $9::bigint\n      {head_only}"),
-        )
-        .replace("{lease_aggregate}", "c.aggregate_id");
-    scenarios::bind_claim(&sql, schema).replace("$9", &i64::MAX.to_string())
+        .replace("{fresh_order}", &fresh_order)
+        .replace("{lease_aggregate}", "c.aggregate_id::text");
+    scenarios::bind_claim(&sql, schema, 0, None)
 }
 
 /// The two sides of every comparison here.

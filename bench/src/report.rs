@@ -121,6 +121,7 @@ pub fn checks(plan: &Plan, r: &Results) -> Vec<Check> {
     if let Some(sec) = &r.security {
         out.extend(crate::security::checks(sec));
     }
+    out.extend(crate::claims::checks(plan, r));
     out
 }
 
@@ -320,6 +321,7 @@ pub fn render(
     if let Some(sec) = &r.security {
         crate::security::section(&mut s, sec);
     }
+    crate::claims::section(&mut s, plan, r);
 
     let _ = writeln!(s, "## Commands\n");
     let _ = writeln!(
@@ -505,11 +507,11 @@ fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
          so both are measured under the same conditions of the machine; `vs empty` is the ratio of the two \
          medians. Before each point both tables get fresh pending rows, `VACUUM ANALYZE` \
          and one `CHECKPOINT`. History rows are published rows retained (`published_at` set directly by \
-         `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows leased for an hour \
-         (a row each in outboxd's lease table `outbox_leases`, 100 rows to a lease; written on the outbox rows \
-         themselves by a storage without that table), ahead of the claimable ones. `SQL ms` is the claim \
-         statement's execution time under \
-         `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back, once per table.\n",
+         `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows, leased for 15 minutes \
+         through outboxd's own `ClaimBatch` by another worker and never acked (so outboxd's claim cursor \
+         knows them), ahead of the claimable ones. `SQL ms` is the claim statement's execution time under \
+         `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back, once per table, bound with the claim cursor outboxd \
+         reports and the table's epoch.\n",
         plan.claims
     );
     let _ = writeln!(
@@ -1004,7 +1006,7 @@ fn ordered_claim_section(s: &mut String, plan: &Plan, c: &OrderedClaim) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{Check, checks};
     use crate::{
         Plan,
@@ -1013,7 +1015,8 @@ mod tests {
         scenarios::{DrainCase, DrainRun, ProducerCase, ProducerMode, Results},
     };
 
-    fn plan() -> Plan {
+    /// A full run's plan with every scenario, one repetition.
+    pub(crate) fn plan() -> Plan {
         Plan {
             quick: false,
             drain: true,
@@ -1045,6 +1048,14 @@ mod tests {
             secure_pairs: true,
             secure_drain: true,
             secure_claims: 500,
+            claim_drain: true,
+            held_leases: true,
+            claim_events: 40_000,
+            claim_shapes: crate::claims::SHAPES.to_vec(),
+            claim_vacuum: true,
+            claim_fillfactor: None,
+            held: vec![0, 1_000, 10_000],
+            held_claims: 100,
         }
     }
 

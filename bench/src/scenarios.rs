@@ -43,7 +43,7 @@ pub enum Design {
 impl Design {
     /// Both designs, the first one alternating across repetitions, so that
     /// neither always runs on the machine the other left behind.
-    fn in_turn(rep: usize) -> [Self; 2] {
+    pub fn in_turn(rep: usize) -> [Self; 2] {
         if rep.is_multiple_of(2) {
             [Self::Classic, Self::Outboxd]
         } else {
@@ -220,6 +220,10 @@ pub struct Results {
     pub hot: Option<crate::ordering::HotCase>,
     /// Issue #34: the API over TLS with a token against plaintext.
     pub security: Option<crate::security::Security>,
+    /// Issue #48: drains by workers that claim and ack at once, no broker.
+    pub claim_drain: Vec<crate::claims::ClaimDrainCase>,
+    /// Issue #48: claims behind leases held by another worker.
+    pub held: Vec<crate::claims::HeldPoint>,
 }
 
 pub struct Ctx {
@@ -237,6 +241,8 @@ pub struct Ctx {
     pub db_ordered_claim: String,
     /// Issue #34's claim→ack pairs and drains.
     pub db_security: String,
+    /// Issue #48's claims behind held leases.
+    pub db_claims: String,
     pub progress: Progress,
     commands: Mutex<Vec<String>>,
     pub log_dir: PathBuf,
@@ -270,6 +276,7 @@ impl Ctx {
             db_ordering: format!("{prefix}_a"),
             db_ordered_claim: format!("{prefix}_h"),
             db_security: format!("{prefix}_t"),
+            db_claims: format!("{prefix}_l"),
             prefix,
             progress: Progress::new(steps),
             commands: Mutex::new(Vec::new()),
@@ -312,6 +319,7 @@ impl Ctx {
             &self.db_ordering,
             &self.db_ordered_claim,
             &self.db_security,
+            &self.db_claims,
         ] {
             if let Err(err) = db::drop_database(&self.admin, name).await {
                 first_err.get_or_insert(err);
@@ -375,7 +383,7 @@ fn steps(plan: &Plan) -> u64 {
     if plan.scale {
         n += (plan.history.len() * plan.pending.len()) as u64 + 1;
     }
-    n + crate::ordering::steps(plan) + crate::security::steps(plan)
+    n + crate::ordering::steps(plan) + crate::security::steps(plan) + crate::claims::steps(plan)
 }
 
 pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
@@ -410,6 +418,7 @@ pub async fn run_all(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Results> {
     }
     crate::ordering::run(ctx, plan, &mut results).await?;
     crate::security::run(ctx, plan, &mut results).await?;
+    crate::claims::run(ctx, plan, &mut results).await?;
     results.commands = ctx.commands.lock().await.clone();
     Ok(results)
 }
@@ -1472,7 +1481,7 @@ async fn scale(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
     )
     .await?;
     ctx.record(&outboxd.cmdline).await;
-    let outcome = scale_points(ctx, plan, &url, addr).await;
+    let outcome = scale_points(ctx, plan, &url, addr, outboxd.metrics).await;
     outboxd.stop(Duration::from_secs(10)).await?;
     results.scale = outcome?;
     Ok(())
@@ -1486,26 +1495,22 @@ struct ScaleTables {
 }
 
 impl ScaleTables {
-    /// Fresh pending rows in both tables (plus `leases` rows leased for an hour
-    /// ahead of them in the history table), then one CHECKPOINT: every point,
-    /// and both tables of it, start from the same clean state.
-    async fn reset(&mut self, pending: u64, leases: u64) -> anyhow::Result<()> {
+    /// Fresh pending rows in both tables (plus `leases` rows leased for 15
+    /// minutes ahead of them in the history table), then one CHECKPOINT:
+    /// every point, and both tables of it, start from the same clean state.
+    async fn reset(
+        &mut self,
+        client: &mut OutboxServiceClient<tonic::transport::Channel>,
+        pending: u64,
+        leases: u64,
+    ) -> anyhow::Result<()> {
         reset_pending(&mut self.history, pending + leases).await?;
         if leases > 0 {
-            let leases = i64::try_from(leases)?;
-            // A lease lives in outboxd's lease table (#32): the oldest pending
-            // rows get a lease row there, 100 rows to a lease as a claim would
-            // lease them, and their outbox rows stay as they are.
-            let sql = "INSERT INTO outbox_leases (id, lease_id, locked_until, claimed_by, claimed_at, attempts) \
-                 SELECT id, md5('outbox-bench lease ' || (n / 100))::uuid, now() + interval '1 hour', \
-                        'outbox-bench', now(), 1 \
-                 FROM (SELECT id, row_number() OVER (ORDER BY seq) - 1 AS n FROM outbox \
-                       WHERE published_at IS NULL ORDER BY seq LIMIT $1) AS oldest";
-            sqlx::query(sql)
-                .bind(leases)
-                .execute(&mut self.history)
-                .await
-                .context("putting leases in flight")?;
+            // Taken through outboxd's ClaimBatch by another worker (#48), not
+            // written into the lease table: outboxd keeps a claim cursor in
+            // memory, and leases it never handed out would not be the state a
+            // real claim meets.
+            crate::claims::hold_leases(client, "default", leases).await?;
             db::vacuum_analyze(&mut self.history).await?;
         }
         reset_pending(&mut self.empty, pending).await?;
@@ -1518,10 +1523,12 @@ async fn scale_points(
     plan: &Plan,
     url: &str,
     addr: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<Vec<ScalePoint>> {
     let mut client = OutboxServiceClient::connect(format!("http://{addr}"))
         .await
-        .context("connecting to outboxd")?;
+        .context("connecting to outboxd")?
+        .max_decoding_message_size(outboxd::client::MAX_RESPONSE_BYTES);
     let mut tables = ScaleTables {
         history: db::connect(url).await?,
         empty: db::connect_in(url, EMPTY_SCHEMA).await?,
@@ -1553,9 +1560,17 @@ async fn scale_points(
             } else {
                 format!("scale: claims behind {leases} leases in flight, {history} history")
             });
-            tables.reset(pending, leases).await?;
-            let point =
-                measure_claims(plan, &mut client, &mut tables, history, pending, leases).await?;
+            tables.reset(&mut client, pending, leases).await?;
+            let point = measure_claims(
+                plan,
+                &mut client,
+                metrics,
+                &mut tables,
+                history,
+                pending,
+                leases,
+            )
+            .await?;
             ctx.progress.log(format!(
                 "scale h{history} p{pending} leases {leases}: claim median {:.2} ms \
                  (empty table {:.2} ms, {:.2}×), sql {:.2} ms (empty {:.2} ms)",
@@ -1591,16 +1606,6 @@ async fn reset_pending(conn: &mut sqlx::PgConnection, pending: u64) -> anyhow::R
     Ok(())
 }
 
-/// The claim statement under `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back:
-/// its plan and execution time, milliseconds. `schema` holds the `outbox`
-/// table (and its lease table, which the statement names as `{leases}`).
-async fn explain_claim(
-    conn: &mut sqlx::PgConnection,
-    schema: &str,
-) -> anyhow::Result<(String, f64)> {
-    explain(conn, &claim_sql(schema)).await
-}
-
 /// A statement under `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back: its plan
 /// and execution time, milliseconds.
 pub async fn explain(conn: &mut sqlx::PgConnection, sql: &str) -> anyhow::Result<(String, f64)> {
@@ -1621,8 +1626,15 @@ pub async fn explain(conn: &mut sqlx::PgConnection, sql: &str) -> anyhow::Result
 }
 
 /// outboxd's claim statement for `schema.outbox`, its names quoted as outboxd
-/// quotes them and its parameters bound to a claim of 100 for 60 s.
+/// quotes them and its parameters bound to a claim of 100 for 60 s from the
+/// start of the table (no cursor).
 pub fn claim_sql(schema: &str) -> String {
+    claim_sql_at(schema, 0, None)
+}
+
+/// [`claim_sql`] from claim cursor `cursor`, used while the table's epoch is
+/// `epoch` (as outboxd binds its own cursor and epoch).
+pub fn claim_sql_at(schema: &str, cursor: i64, epoch: Option<uuid::Uuid>) -> String {
     bind_claim(
         &CLAIM_SQL
             // An unordered outbox's claim (see outboxd's `statements.rs`).
@@ -1630,22 +1642,40 @@ pub fn claim_sql(schema: &str) -> String {
             .replace("{fresh_order}", "")
             .replace("{lease_aggregate}", "NULL"),
         schema,
+        cursor,
+        epoch,
     )
 }
 
 /// A claim statement (`sql`, outboxd's with its ordering placeholders filled)
-/// for `schema.outbox`, bound as [`claim_sql`] binds it.
-pub fn bind_claim(sql: &str, schema: &str) -> String {
-    sql.replace("{table}", &format!("\"{schema}\".\"outbox\""))
+/// for `schema.outbox`, bound as [`claim_sql`] binds it, from `cursor` under
+/// `epoch` (`None`: an epoch no table holds, so the claim starts from the
+/// beginning). `$9`, the commit-order guard's bound, lets every row through,
+/// as it does once no writer that started before the claim is still open.
+pub fn bind_claim(sql: &str, schema: &str, cursor: i64, epoch: Option<uuid::Uuid>) -> String {
+    let epoch = epoch.map_or_else(|| "NULL".to_owned(), |e| format!("'{e}'"));
+    let values = [
+        "100".to_owned(),
+        "'00000000-0000-0000-0000-00000000bbbb'".to_owned(),
+        "'60 seconds'".to_owned(),
+        "'outbox-bench'".to_owned(),
+        "10".to_owned(),
+        "3145728".to_owned(),
+        "8388608".to_owned(),
+        "8388608".to_owned(),
+        i64::MAX.to_string(),
+        cursor.to_string(),
+        epoch,
+    ];
+    let mut out = sql
+        .replace("{table}", &format!("\"{schema}\".\"outbox\""))
         .replace("{leases}", &format!("\"{schema}\".\"{}\"", db::LEASES))
-        .replace("$1", "100")
-        .replace("$2", "'00000000-0000-0000-0000-00000000bbbb'")
-        .replace("$3", "'60 seconds'")
-        .replace("$4", "'outbox-bench'")
-        .replace("$5", "10")
-        .replace("$6", "3145728")
-        .replace("$7", "8388608")
-        .replace("$8", "8388608")
+        .replace("{epoch}", &format!("\"{schema}\".\"{}\"", db::EPOCH));
+    // Highest first: `$1` is a prefix of `$10` and `$11`.
+    for (i, value) in values.iter().enumerate().rev() {
+        out = out.replace(&format!("${}", i + 1), value);
+    }
+    out
 }
 
 /// One timed `ClaimBatch(100)` from `outbox` and its (untimed) ack.
@@ -1706,13 +1736,18 @@ pub async fn claim_counted(
 async fn measure_claims(
     plan: &Plan,
     client: &mut OutboxServiceClient<tonic::transport::Channel>,
+    metrics: Option<std::net::SocketAddr>,
     tables: &mut ScaleTables,
     history: u64,
     pending: u64,
     leases: u64,
 ) -> anyhow::Result<ScalePoint> {
-    let (plan_text, sql_ms) = explain_claim(&mut tables.history, "public").await?;
-    let (_, empty_sql_ms) = explain_claim(&mut tables.empty, EMPTY_SCHEMA).await?;
+    // The statement outboxd runs: its cursor and the table's epoch bound in.
+    let (plan_text, _, sql_ms, _) =
+        crate::claims::explain_bound(&mut tables.history, metrics, "public", "default").await?;
+    let (_, _, empty_sql_ms, _) =
+        crate::claims::explain_bound(&mut tables.empty, metrics, EMPTY_SCHEMA, EMPTY_SCHEMA)
+            .await?;
     let mut claim_ms = Vec::with_capacity(plan.claims);
     let mut empty_ms = Vec::with_capacity(plan.claims);
     // The first few warm the connections and caches.

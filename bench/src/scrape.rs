@@ -64,3 +64,15 @@ pub fn gauge_max(scrape: &Scrape, name: &str) -> Option<f64> {
         })
         .reduce(f64::max)
 }
+
+/// A gauge's value in the label set with `label = value`, `None` when absent.
+pub fn gauge(scrape: &Scrape, name: &str, label: &str, value: &str) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && s.labels.get(label) == Some(value))
+        .find_map(|s| match s.value {
+            Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+}
