@@ -261,6 +261,14 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_RETENTION_INTERVAL", value_parser = parse_duration, default_value = "1m")]
     pub retention_interval: Duration,
 
+    /// How often each outbox's claim cursor is checked by a full walk of the
+    /// pending rows below it (claimable rows it passed are handed out,
+    /// logged and counted in outbox_claim_sweep_found_total, which should
+    /// stay 0), and lease rows whose outbox row was deleted are removed. 0
+    /// disables it.
+    #[arg(long, env = "OUTBOXD_CLAIM_SWEEP_INTERVAL", value_parser = parse_duration, default_value = "5m")]
+    pub claim_sweep_interval: Duration,
+
     /// Rows deleted per retention statement (a short statement, repeated).
     #[arg(long, env = "OUTBOXD_RETENTION_BATCH", default_value_t = 1000)]
     pub retention_batch: u32,
@@ -344,6 +352,8 @@ pub struct Config {
     pub probe_interval: Duration,
     pub retention_interval: Duration,
     pub retention_batch: u32,
+    /// `None`: no sweeps (`--claim-sweep-interval 0`).
+    pub claim_sweep_interval: Option<Duration>,
     pub health_interval: Duration,
     pub watchdog_interval: Duration,
     pub xmin_warn_after: Duration,
@@ -548,6 +558,8 @@ impl ServeArgs {
             probe_interval: self.probe_interval,
             retention_interval: self.retention_interval,
             retention_batch: self.retention_batch,
+            claim_sweep_interval: (!self.claim_sweep_interval.is_zero())
+                .then_some(self.claim_sweep_interval),
             health_interval: self.health_interval,
             watchdog_interval: self.watchdog_interval,
             xmin_warn_after: self.xmin_warn_after,

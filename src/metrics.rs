@@ -29,6 +29,9 @@ pub struct ServerMetrics {
     lease_expired: Counter<u64>,
     lease_lost: Counter<u64>,
     empty_claims: Counter<u64>,
+    sweep_found: Counter<u64>,
+    sweeps: Counter<u64>,
+    orphan_leases: Counter<u64>,
     too_large_for_client: Counter<u64>,
     waiting_claims_refused: Counter<u64>,
     auth_refusals: Counter<u64>,
@@ -151,8 +154,14 @@ impl ServerMetrics {
             gauge(
                 "outbox_commit_order_holdback_seconds",
                 "s",
-                "How long an ordered outbox has been holding new events back until older transactions of the database end (commit order); a long-open transaction shows here.",
+                "How long the commit-order guard has been waiting for transactions of the database that were open when newer events committed: an ordered outbox holds those events back, an unordered one holds its claim cursor (claims then walk the leases taken since). A long-open transaction shows here.",
                 |s| s.commit_order_holdback.as_secs_f64(),
+            ),
+            gauge(
+                "outbox_claim_cursor",
+                "{seq}",
+                "This replica's claim cursor (unordered outboxes): every pending event at or below this seq is leased, delayed or settled, and claims read from here.",
+                |s| s.claim_cursor as f64,
             ),
         ];
         let listeners: Arc<Mutex<Vec<ListenerPermits>>> = Arc::default();
@@ -307,6 +316,18 @@ impl ServerMetrics {
                 "outbox_empty_claims_total",
                 "Claim statements that found nothing claimable (long-poll re-checks included).",
             ),
+            sweep_found: counter(
+                "outbox_claim_sweep_found_total",
+                "Claimable events a sweep (--claim-sweep-interval) found below the claim cursor without a lease, and handed out again. Each one is a fault of the cursor (or a hand in the lease table): it should stay 0; alert when it moves.",
+            ),
+            sweeps: counter(
+                "outbox_claim_sweeps_total",
+                "Sweeps of the claim cursor completed.",
+            ),
+            orphan_leases: counter(
+                "outbox_orphan_leases_removed_total",
+                "Lease rows a sweep removed because their outbox row no longer exists (rows deleted by hand).",
+            ),
             too_large_for_client: counter(
                 "outbox_events_too_large_for_client_total",
                 "Events a claim passed over because they exceed the client's max_response_bytes (left for a client that can receive them; counted at each claim that passes one).",
@@ -414,6 +435,15 @@ impl ServerMetrics {
 
     pub fn dead_lettered(&self, outbox: &str, n: usize) {
         self.add(&self.dead_lettered, outbox, n);
+    }
+
+    /// One sweep done: every series is written, zeros too, so a dashboard
+    /// (and a test) tells "swept, found nothing" from "never swept".
+    pub fn swept(&self, outbox: &str, found: usize, orphans: u64) {
+        let attrs = [KeyValue::new("outbox", outbox.to_owned())];
+        self.sweeps.add(1, &attrs);
+        self.sweep_found.add(found as u64, &attrs);
+        self.orphan_leases.add(orphans, &attrs);
     }
 
     pub fn leases_expired(&self, outbox: &str, n: usize) {

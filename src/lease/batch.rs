@@ -87,6 +87,9 @@ pub struct Stats {
     /// How long the commit-order guard of an ordered outbox has been holding
     /// new events back for transactions still open (zero when it is not).
     pub commit_order_holdback: std::time::Duration,
+    /// This replica's claim cursor (unordered outboxes; 0 otherwise): every
+    /// pending event at or below it is leased, delayed or settled.
+    pub claim_cursor: i64,
     /// The error of the newest dead letter, else of the pending event retried
     /// last; GetStats only (the gauges' samples skip it).
     pub last_error: Option<String>,

@@ -9,7 +9,11 @@ pub use start::{
     DDL_LOCK_TIMEOUT, EXIT_DATABASE, MIGRATE_START_TIMEOUT, MIGRATOR, StartError, migrate,
 };
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::AtomicU64},
+    time::Duration,
+};
 
 use anyhow::Context;
 use futures::TryStreamExt as _;
@@ -35,7 +39,7 @@ use crate::{
     status,
     store::{self, AdoptMode, PgStore, Store},
     tasks::{
-        Supervisor, gauges, health, retention,
+        Supervisor, gauges, health, retention, sweep,
         watchdog::{self, DatabaseReports},
     },
     tls::{self, ServerTls},
@@ -64,6 +68,8 @@ pub struct Server {
     max_connections: usize,
     /// The database watchdog's latest findings.
     reports: DatabaseReports,
+    /// Events the claim sweep found below a claim cursor, all outboxes.
+    sweep_found: Arc<AtomicU64>,
 }
 
 impl Server {
@@ -131,6 +137,7 @@ impl Server {
             tls,
             max_connections,
             reports: DatabaseReports::default(),
+            sweep_found: Arc::default(),
         })
     }
 
@@ -139,6 +146,13 @@ impl Server {
     /// admin RPC; empty until the first sample once serving.
     pub fn database_reports(&self) -> DatabaseReports {
         self.reports.clone()
+    }
+
+    /// How many events the claim sweep has found below a claim cursor so
+    /// far, over all outboxes (`outbox_claim_sweep_found_total` summed): 0
+    /// while the cursor is right.
+    pub fn claim_sweep_findings(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.sweep_found)
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -177,6 +191,7 @@ impl Server {
             tls,
             max_connections,
             reports,
+            sweep_found,
         } = self;
         let addr = listener.local_addr()?;
         let authorizer = authorizer(&config, addr)?;
@@ -262,6 +277,19 @@ impl Server {
                 stop.clone(),
             ),
         );
+
+        if let Some(every) = config.claim_sweep_interval {
+            tasks.spawn(
+                "claim sweep",
+                sweep::sweep(
+                    store.clone(),
+                    server_metrics.clone(),
+                    sweep_found,
+                    every,
+                    stop.clone(),
+                ),
+            );
+        }
 
         if let Some(reload) =
             authorizer.reloader(auth::RELOAD_POLL, server_metrics.clone(), stop.clone())?

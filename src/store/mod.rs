@@ -39,6 +39,18 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn ping(&self) -> impl Future<Output = Result<DbState, StoreError>> + Send;
 }
 
+/// What one sweep found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Sweep {
+    /// The cursor it checked below.
+    pub cursor: i64,
+    /// The `seq` of each claimable row below the cursor without a lease,
+    /// now handed out again.
+    pub found: Vec<i64>,
+    /// Lease rows removed because their outbox row no longer exists.
+    pub orphans: u64,
+}
+
 /// What [`Store::ping`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DbState {
@@ -83,6 +95,11 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     /// Deletes up to `limit` published rows older than the retention; returns
     /// how many went, so the caller goes on while batches come back full.
     fn purge_published(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The claim cursor's check (`--claim-sweep-interval`): hands out the
+    /// claimable rows the cursor has passed (none, unless it is wrong) and
+    /// removes lease rows whose outbox row is gone.
+    fn sweep(&self) -> impl Future<Output = Result<Sweep, StoreError>> + Send;
 }
 
 /// Operators' access to one outbox: what is dead-lettered or blocked, and

@@ -8,6 +8,7 @@
 pub mod gauges;
 pub mod health;
 pub mod retention;
+pub mod sweep;
 pub mod watchdog;
 
 use std::{

@@ -77,8 +77,11 @@ async fn an_emptied_lease_table_fences_stale_settles_and_every_event_is_delivere
     let second = app.claim("w2", 3, secs(60), Duration::ZERO).await;
     assert_eq!(first.messages.len() + second.messages.len(), 6);
 
-    // What a crash of PostgreSQL or a failover does to an unlogged table.
-    app.db.execute("TRUNCATE public.outbox_leases").await;
+    // What a crash of PostgreSQL or a failover does to the unlogged tables:
+    // the leases go, and the epoch with them.
+    app.db
+        .execute("TRUNCATE public.outbox_leases, public.outbox_epoch")
+        .await;
 
     assert_eq!(
         app.ack(&first.lease_id, &ids(&first)).await,

@@ -9,8 +9,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::{
     schema::{
         self, FILLFACTOR, OBSOLETE_INDEXES, OBSOLETE_TRIGGER, PRODUCER_TYPES, add_columns,
-        add_lease_aggregate, create_leases, create_table, drop_index, drop_trigger,
-        service_columns,
+        add_lease_columns, create_leases, create_table, drop_index, drop_trigger, service_columns,
     },
     statements::{epoch_table, leases_table},
 };
@@ -227,8 +226,10 @@ async fn adopt_locked(
         AdoptMode::Create => {
             if has_leases.is_none() {
                 tracing::debug!(%table, leases = %leases, "creating the lease table");
-            } else if !has_column(conn, &leases, "aggregate_id").await? {
-                run(conn, add_lease_aggregate(table)).await?;
+            } else if !has_column(conn, &leases, "aggregate_id").await?
+                || !has_column(conn, &leases, "delayed").await?
+            {
+                run(conn, add_lease_columns(table)).await?;
             }
             run(conn, create_leases(table)).await?;
         }
@@ -239,6 +240,11 @@ async fn adopt_locked(
             if ordered && !has_column(conn, &leases, "aggregate_id").await? {
                 return Err(missing_gap(format!(
                     "has a lease table {leases} without the aggregate_id column ordered outboxes need"
+                )));
+            }
+            if !has_column(conn, &leases, "delayed").await? {
+                return Err(missing_gap(format!(
+                    "has a lease table {leases} without the delayed column this release's claims need"
                 )));
             }
             let epoch = epoch_table(table);

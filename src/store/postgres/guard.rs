@@ -205,6 +205,11 @@ impl CommitOrderGuard {
         self.reads.back().is_some_and(|read| read.value > self.safe)
     }
 
+    /// Every event at or below this `seq` is visible or never will be.
+    pub fn safe(&self) -> i64 {
+        self.safe
+    }
+
     /// How many times a crash or failover made the guard start over.
     pub fn resets(&self) -> u64 {
         self.resets

@@ -4,6 +4,7 @@
 
 mod adopt;
 mod connect;
+mod cursor;
 mod error;
 mod guard;
 mod outbox;

@@ -6,8 +6,11 @@ use sqlx::{AssertSqlSafe, PgPool, Row, postgres::types::Oid};
 use uuid::Uuid;
 
 use super::{
+    cursor::ClaimCursor,
     guard::{CommitOrderGuard, GRACE, Probe},
-    rows::{blocked_key, claimed_batch, dead_letter, inspected, settle_results, stats_of},
+    rows::{
+        ClaimRows, blocked_key, claimed_batch, dead_letter, inspected, settle_results, stats_of,
+    },
     session::{Session, StatementConn},
     statements::{Statements, leases_table},
 };
@@ -18,7 +21,7 @@ use crate::{
         Settle, Settled, Stats,
     },
     outbox::OutboxSpec,
-    store::{AdminStore, Arrivals, OutboxStore, StoreError},
+    store::{AdminStore, Arrivals, OutboxStore, StoreError, Sweep},
 };
 
 const WATCH: &str = include_str!("queries/watch.sql");
@@ -35,8 +38,17 @@ struct Prepared {
     /// The sequence behind the table's seq column, when it can be probed.
     sequence: Option<Oid>,
     /// Held by the claim statement running for this outbox: see `claim`.
-    /// An ordered outbox's commit-order guard lives under it.
-    claiming: tokio::sync::Mutex<CommitOrderGuard>,
+    claiming: tokio::sync::Mutex<Claiming>,
+}
+
+/// What the claims of one outbox carry from one to the next.
+#[derive(Debug, Default)]
+struct Claiming {
+    /// The commit-order guard: an ordered claim's bound, an unordered
+    /// cursor's limit.
+    guard: CommitOrderGuard,
+    /// Where an unordered claim's walk starts (`cursor.rs`).
+    cursor: ClaimCursor,
 }
 
 /// One PostgreSQL outbox. Cheap to clone; all clones share one pool.
@@ -60,7 +72,7 @@ impl PgOutbox {
                 spec: spec.clone(),
                 sql,
                 sequence: ids.try_get("sequence")?,
-                claiming: tokio::sync::Mutex::new(CommitOrderGuard::default()),
+                claiming: tokio::sync::Mutex::new(Claiming::default()),
             }),
             session: Session::new(pool.clone()),
         })
@@ -107,8 +119,9 @@ impl PgOutbox {
         Ok(rows)
     }
 
-    /// Probes the commit-order guard (`guard.rs`) of an ordered outbox: the
-    /// `seq` up to which fresh events may be handed out now.
+    /// Probes the commit-order guard (`guard.rs`): the `seq` up to which
+    /// fresh events of an ordered outbox may be handed out now, and the
+    /// furthest an unordered outbox's claim cursor may go.
     async fn guard_bound(
         &self,
         guard: &mut CommitOrderGuard,
@@ -116,7 +129,7 @@ impl PgOutbox {
     ) -> Result<i64, StoreError> {
         let Some(sequence) = self.prepared.sequence else {
             return Err(StoreError::Schema(format!(
-                "table {}: ordering=aggregate needs a probeable seq sequence",
+                "table {}: the commit-order guard needs a probeable seq sequence",
                 self.prepared.spec.table
             )));
         };
@@ -145,7 +158,7 @@ impl PgOutbox {
             tracing::warn!(
                 outbox = %self.prepared.spec.name,
                 epoch = ?guard.epoch(),
-                "the database lost its epoch (a crash or a failover): the commit-order guard starts over, and fresh ordered events wait for the transactions open now"
+                "the database lost its epoch (a crash or a failover): the commit-order guard and the claim cursor start over, and fresh ordered events wait for the transactions open now"
             );
         }
         Ok(bound)
@@ -181,18 +194,31 @@ impl OutboxStore for PgOutbox {
             .call(async {
                 let lease_id = LeaseId::generate();
                 let ordered = self.prepared.spec.ordering.is_ordered();
-                let mut guard = self.prepared.claiming.lock().await;
+                // A table whose seq no sequence feeds has no guard: its
+                // unordered claims walk from the start.
+                let cursor_kept = !ordered && self.prepared.sequence.is_some();
+                let mut state = self.prepared.claiming.lock().await;
+                let Claiming { guard, cursor } = &mut *state;
                 let mut conn = self.session.conn().await?;
                 let mut looks = 0;
                 let mut waited_for_guard = false;
                 let batch = loop {
                     looks += 1;
                     let bound = if ordered {
-                        Some(self.guard_bound(&mut guard, &mut conn).await?)
+                        self.guard_bound(guard, &mut conn).await?
                     } else {
-                        None
+                        if cursor_kept && cursor.wants_probe(tokio::time::Instant::now()) {
+                            self.guard_bound(guard, &mut conn).await?;
+                            cursor.probed(guard.epoch(), tokio::time::Instant::now());
+                        }
+                        i64::MAX
                     };
-                    let mut query = sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
+                    let (from, epoch) = if cursor_kept {
+                        cursor.position()
+                    } else {
+                        (0, Uuid::nil())
+                    };
+                    let query = sqlx::query(AssertSqlSafe(self.sql().claim.clone()))
                         .bind(i64::from(req.max_messages))
                         .bind(lease_id.as_uuid())
                         .bind(req.lease)
@@ -203,12 +229,20 @@ impl OutboxStore for PgOutbox {
                         .bind(
                             i64::try_from(req.max_event_bytes.min(req.max_message_bytes))
                                 .unwrap_or(i64::MAX),
-                        );
-                    if let Some(bound) = bound {
-                        query = query.bind(bound);
-                    }
+                        )
+                        .bind(bound)
+                        .bind(from)
+                        .bind(epoch);
                     let rows = self.session.bounded(query.fetch_all(&mut *conn)).await?;
-                    let (batch, lost) = claimed_batch(lease_id, rows)?;
+                    let ClaimRows {
+                        batch,
+                        lost,
+                        delayed,
+                        walk,
+                    } = claimed_batch(lease_id, rows)?;
+                    if cursor_kept {
+                        cursor.walked(walk, guard.safe());
+                    }
                     let nothing = batch.messages.is_empty() && batch.dead_lettered.is_empty();
                     if nothing && ordered && !waited_for_guard && guard.behind() {
                         // Events the guard could not vouch for yet may be all there
@@ -218,7 +252,9 @@ impl OutboxStore for PgOutbox {
                         tokio::time::sleep(GRACE).await;
                         continue;
                     }
-                    if !(nothing && lost > 0 && looks < CLAIM_LOOKS) {
+                    // Rows lost to another claim, or not due yet, took the
+                    // batch's room; the cursor has moved past them.
+                    if !(nothing && lost + delayed > 0 && looks < CLAIM_LOOKS) {
                         break batch;
                     }
                 };
@@ -357,14 +393,42 @@ impl OutboxStore for PgOutbox {
             .await?;
         tx.commit().await?;
         let mut stats = stats_of(&row)?;
-        if self.prepared.spec.ordering.is_ordered() {
+        if self.prepared.sequence.is_some() {
             // Probed here too, so the gauge moves on when no claim runs.
-            let mut guard = self.prepared.claiming.lock().await;
-            self.guard_bound(&mut guard, &mut conn).await?;
+            let mut state = self.prepared.claiming.lock().await;
+            let Claiming { guard, cursor } = &mut *state;
+            self.guard_bound(guard, &mut conn).await?;
+            cursor.probed(guard.epoch(), tokio::time::Instant::now());
             stats.commit_order_holdback = guard.holdback(tokio::time::Instant::now());
+            stats.claim_cursor = cursor.at();
         }
         conn.finish();
         Ok(stats)
+    }
+
+    /// Runs beside claims, on the cursor this replica holds now: rows below
+    /// it are covered for good (only a fault uncovers one), so a claim moving
+    /// it meanwhile changes nothing the sweep reads.
+    async fn sweep(&self) -> Result<Sweep, StoreError> {
+        let (cursor, epoch) = self.prepared.claiming.lock().await.cursor.position();
+        let mut conn = self.session.conn().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // The walk a claim no longer makes: as long as the gauges' sample.
+        sqlx::query("SET LOCAL statement_timeout = '60s'")
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query(AssertSqlSafe(self.sql().sweep.clone()))
+            .bind(cursor)
+            .bind(epoch)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        conn.finish();
+        Ok(Sweep {
+            cursor,
+            found: row.try_get("found")?,
+            orphans: u64::try_from(row.try_get::<i64, _>("orphans")?).unwrap_or(0),
+        })
     }
 
     async fn purge_published(&self, limit: u32) -> Result<u64, StoreError> {

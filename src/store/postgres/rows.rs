@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Row, postgres::PgRow};
 use uuid::Uuid;
 
+use super::cursor::Walk;
 use crate::{
     lease::{
         BlockedKey, ClaimedBatch, ClaimedMessage, DeadLetter, EndedLease, InspectedMessage,
@@ -18,15 +19,24 @@ use crate::{
     store::StoreError,
 };
 
-/// The batch a claim statement returned: its messages in sequence order, the
-/// rows it dead-lettered, and the expired leases it took rows back from. Rows
-/// another claim leased first are not part of it; the count of them comes
-/// with it.
-pub(super) fn claimed_batch(
-    lease_id: LeaseId,
-    rows: Vec<PgRow>,
-) -> Result<(ClaimedBatch, usize), StoreError> {
+/// What a claim statement returned: the batch (its messages in sequence
+/// order, the rows it dead-lettered, and the expired leases it took rows back
+/// from), how many rows another claim leased first and how many it gave
+/// delay rows (neither is part of the batch), and its walk for the cursor.
+pub(super) struct ClaimRows {
+    pub batch: ClaimedBatch,
+    pub lost: usize,
+    pub delayed: usize,
+    pub walk: Walk,
+}
+
+pub(super) fn claimed_batch(lease_id: LeaseId, rows: Vec<PgRow>) -> Result<ClaimRows, StoreError> {
     let mut lost = 0;
+    let mut delayed = 0;
+    let mut walk = Walk {
+        walked_to: None,
+        epoch_held: false,
+    };
     let mut batch = ClaimedBatch {
         lease_id,
         expires_at: None,
@@ -36,11 +46,22 @@ pub(super) fn claimed_batch(
         too_large: Vec::new(),
     };
     for row in rows {
+        // Every row carries the walk; a lone row without an id only that.
+        walk = Walk {
+            walked_to: row.try_get("walked_to")?,
+            epoch_held: row.try_get("epoch_held")?,
+        };
+        let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
+            continue;
+        };
         if row.try_get::<bool, _>("lost")? {
             lost += 1;
             continue;
         }
-        let id: Uuid = row.try_get("id")?;
+        if row.try_get::<bool, _>("delayed")? {
+            delayed += 1;
+            continue;
+        }
         if row.try_get::<bool, _>("too_large")? {
             let bytes: i64 = row.try_get("bytes")?;
             batch
@@ -77,7 +98,12 @@ pub(super) fn claimed_batch(
         batch.messages.push(claimed_message(id, &row)?);
     }
     batch.messages.sort_by_key(|m| m.sequence);
-    Ok((batch, lost))
+    Ok(ClaimRows {
+        batch,
+        lost,
+        delayed,
+        walk,
+    })
 }
 
 /// A row of `dead_letters.sql`.
@@ -153,6 +179,7 @@ pub(super) fn stats_of(row: &PgRow) -> Result<Stats, StoreError> {
         blocked_keys: count("blocked_keys")?,
         oldest_blocked_age: age("oldest_blocked_secs")?,
         commit_order_holdback: Duration::ZERO,
+        claim_cursor: 0,
         last_error: row.try_get("last_error")?,
     })
 }

@@ -22,6 +22,7 @@ const REDRIVE: &str = include_str!("queries/redrive.sql");
 const DISCARD: &str = include_str!("queries/discard.sql");
 const INSPECT: &str = include_str!("queries/inspect.sql");
 const GUARD: &str = include_str!("queries/guard.sql");
+const SWEEP: &str = include_str!("queries/sweep.sql");
 
 /// What keeps an ordered claim to each aggregate's head, in both parts of the
 /// claim (`claim.sql`): no earlier event of the aggregate still unsettled
@@ -84,6 +85,8 @@ pub(crate) struct Statements {
     pub inspect: Arc<str>,
     /// One probe of the commit-order guard, with the epoch (`guard.sql`).
     pub guard: Arc<str>,
+    /// The claim cursor's check and the orphan leases' removal (`sweep.sql`).
+    pub sweep: Arc<str>,
 }
 
 impl Statements {
@@ -109,25 +112,33 @@ impl Statements {
                 },
             )
         };
+        // The lease row records an ordered event's aggregate (`leases.sql`).
+        let lease_aggregate = if ordering.is_ordered() {
+            "c.aggregate_id::text"
+        } else {
+            "NULL"
+        };
         let claim = match ordering {
             Ordering::None => CLAIM
                 .replace("{expired_order}", "")
-                .replace("{fresh_order}", "")
-                .replace("{lease_aggregate}", "NULL"),
+                .replace("{fresh_order}", ""),
             Ordering::Aggregate(poison) => CLAIM
                 .replace("{expired_order}", &head_only(poison))
-                .replace(
-                    "{fresh_order}",
-                    &format!("AND o.seq <= $9::bigint\n      {}", head_only(poison)),
-                )
-                .replace("{lease_aggregate}", "c.aggregate_id"),
-        };
+                .replace("{fresh_order}", &head_only(poison)),
+        }
+        .replace("{lease_aggregate}", lease_aggregate);
         let blocked = if ordering.blocks() {
             BLOCKED
         } else {
             "SELECT NULL::text AS aggregate_id, NULL::bigint AS seq, NULL::timestamptz AS since WHERE false"
         };
-        let redrive = |selector: &str| build(&REDRIVE.replace("{selector}", selector));
+        let redrive = |selector: &str| {
+            build(
+                &REDRIVE
+                    .replace("{selector}", selector)
+                    .replace("{lease_aggregate}", lease_aggregate),
+            )
+        };
         // Each settle statement: classify the rows it names, then its own
         // change (a `settled` step, fenced by the lease row); an extend also
         // says the new expiry.
@@ -182,6 +193,7 @@ impl Statements {
             discard: build(DISCARD),
             inspect: build(INSPECT),
             guard: build(GUARD),
+            sweep: build(&SWEEP.replace("{lease_aggregate}", lease_aggregate)),
         }
     }
 }
@@ -214,8 +226,9 @@ pub(crate) const EPOCH_SUFFIX: &str = "epoch";
 mod tests {
     use super::*;
 
-    fn all(s: &Statements) -> [&Arc<str>; 15] {
+    fn all(s: &Statements) -> [&Arc<str>; 16] {
         [
+            &s.sweep,
             &s.inspect,
             &s.dead_letters,
             &s.redrive_ids,
@@ -290,7 +303,10 @@ mod tests {
             assert_eq!(outbox_writes(&s.claim), 1);
             assert!(s.claim.contains("dead_lettered_at = now()"));
             assert_eq!(outbox_writes(&s.ack_held), 1);
-            assert!(!s.claim.contains("$9"), "an unordered claim has no guard");
+            // An unordered claim's bound is the largest bigint; every claim
+            // starts at the cursor while its epoch holds.
+            assert!(s.claim.contains("o.seq <= $9::bigint"));
+            assert!(s.claim.contains("e.epoch = $11::uuid"));
             assert_eq!(outbox_writes(&s.nack), 1);
             // Every settle is fenced by the lease row.
             for sql in [&s.ack_held, &s.nack, &s.extend, &s.extend_all] {

@@ -2,7 +2,14 @@
 //! start on a database of the test's own behind a cuttable proxy, its clients,
 //! and its graceful stop.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use outboxd::{
     config::{Cli, Config},
@@ -43,7 +50,11 @@ impl ServerArgs {
             .set("--poll-interval", "500ms")
             .set("--health-interval", "200ms")
             .set("--db-acquire-timeout", "1s")
-            .set("--drain-timeout", "5s");
+            .set("--drain-timeout", "5s")
+            // Every test checks the claim cursor: its sweep runs often, and
+            // a test server that found anything below the cursor fails its
+            // test when dropped (see `Drop for TestApp`).
+            .set("--claim-sweep-interval", "200ms");
         args
     }
 
@@ -133,6 +144,10 @@ pub struct TestApp {
     /// Cancelling it starts the graceful shutdown.
     pub shutdown: CancellationToken,
     serve: Option<JoinHandle<anyhow::Result<()>>>,
+    /// Events the claim sweep found below the claim cursor (must stay 0).
+    pub sweep_found: Arc<AtomicU64>,
+    /// Set by a test that uncovers rows below the cursor on purpose.
+    pub sweep_findings_expected: bool,
     /// Last, so the database outlives the server's connections to it.
     pub db: Arc<TestDb>,
 }
@@ -179,6 +194,7 @@ impl TestApp {
         let metrics_addr = server.metrics_addr()?;
         let health_addr = server.health_addr()?;
         let status_addr = server.status_addr()?;
+        let sweep_found = server.claim_sweep_findings();
         let shutdown = CancellationToken::new();
         let serve = tokio::spawn(server.serve(shutdown.clone()));
         let channel = endpoint(addr, args.client_tls.as_ref())?.connect().await?;
@@ -193,6 +209,8 @@ impl TestApp {
             proxy,
             shutdown,
             serve: Some(serve),
+            sweep_found,
+            sweep_findings_expected: false,
             db,
         })
     }
@@ -239,5 +257,12 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         // Starts the server's shutdown; the database goes with the last TestDb handle.
         self.shutdown.cancel();
+        let found = self.sweep_found.load(Ordering::Relaxed);
+        if !self.sweep_findings_expected && !std::thread::panicking() {
+            assert_eq!(
+                found, 0,
+                "the claim sweep found {found} claimable event(s) below the claim cursor without a lease (see the WARN lines above)"
+            );
+        }
     }
 }

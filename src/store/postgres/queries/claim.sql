@@ -24,15 +24,32 @@
 -- else the row's own (written at its last ack, nack or dead-lettering).
 --
 -- Expired leases come first, oldest expiry first: they have waited longest.
--- Fresh rows are taken in seq order, past the rows under a lease.
+-- Delay rows (a nack's backoff, a future available_at, a redrive: see
+-- `schema/leases.sql`) come back the same way when they are due. Fresh rows
+-- are taken in seq order from the claim cursor on, past the rows under a
+-- lease.
+--
+-- The claim cursor ($10) is a seq below which every pending row is leased,
+-- delayed, settled or dead-lettered, so the walk starts there instead of at
+-- the lowest pending row and steps over only the leases taken since (the
+-- caller keeps it: `cursor.rs`). It is used only while the outbox's epoch is
+-- still $11: crash recovery and failover empty the epoch table with the
+-- lease table, and then the walk starts from the beginning. A fresh row not
+-- yet due (its producer set a future available_at) is not handed out but
+-- given a delay row, so the cursor can pass it. The last row (`walked_to`)
+-- says how far the rows this claim read are all covered now: the seq before
+-- the first one it left unleased (too large for this client, or cut by the
+-- byte budget), else the last one it read, or the end when the walk ran out
+-- of rows; NULL when it read no fresh row.
 --
 -- The ORDER placeholders below (expired_order, fresh_order) are empty for an
 -- unordered outbox. For an ordered one (`ordering=aggregate`, see
 -- `statements.rs`) they keep every row but its aggregate's head out, and every
--- aggregate already under a live lease; fresh rows must also be at or below
--- $9, the seq up to which no transaction that could still insert a lower one
--- is open (the commit-order guard, `guard.rs`). The lease row records the
--- event's aggregate for an ordered outbox, NULL otherwise (lease_aggregate).
+-- aggregate already under a live lease. Fresh rows are at or below $9: for
+-- an ordered outbox the seq up to which no transaction that could still
+-- insert a lower one is open (the commit-order guard, `guard.rs`), for an
+-- unordered one the largest bigint. The lease row records the event's
+-- aggregate for an ordered outbox, NULL otherwise (lease_aggregate).
 WITH expired AS (
     SELECT o.id,
            0 AS part, l.locked_until AS after, o.seq,
@@ -41,11 +58,13 @@ WITH expired AS (
            o.payload::text AS payload_text,
            octet_length(o.headers::text) + octet_length(o.event_type)
                + octet_length(o.aggregate_id::text) AS other_bytes,
+           true AS due, o.available_at,
            l.attempts     AS delivered,
-           l.lease_id     AS prev_lease_id,
-           l.claimed_by   AS prev_claimed_by,
-           l.claimed_at   AS prev_claimed_at,
-           l.locked_until AS prev_locked_until
+           -- A delay row ended no delivery: no lease to close.
+           CASE WHEN NOT l.delayed THEN l.lease_id END     AS prev_lease_id,
+           CASE WHEN NOT l.delayed THEN l.claimed_by END   AS prev_claimed_by,
+           CASE WHEN NOT l.delayed THEN l.claimed_at END   AS prev_claimed_at,
+           CASE WHEN NOT l.delayed THEN l.locked_until END AS prev_locked_until
     FROM {leases} AS l
     JOIN {table} AS o ON o.id = l.id
     WHERE l.locked_until <= now()
@@ -65,6 +84,7 @@ fresh AS (
            o.payload::text AS payload_text,
            octet_length(o.headers::text) + octet_length(o.event_type)
                + octet_length(o.aggregate_id::text) AS other_bytes,
+           o.available_at <= now() AS due, o.available_at,
            o.attempts           AS delivered,
            NULL::uuid           AS prev_lease_id,
            NULL::text           AS prev_claimed_by,
@@ -73,7 +93,9 @@ fresh AS (
     FROM {table} AS o
     WHERE o.published_at IS NULL
       AND o.dead_lettered_at IS NULL
-      AND o.available_at <= now()
+      AND o.seq > coalesce((SELECT $10::bigint FROM {epoch} AS e
+                            WHERE e.id AND e.epoch = $11::uuid), 0)
+      AND o.seq <= $9::bigint
       -- One index probe per row walked (OFFSET 0 keeps it a subplan): as a
       -- join, a plan made while the lease table was small compared every
       -- row with every lease, and a drain at batch 1000 × 4 fell to an
@@ -108,18 +130,33 @@ measured AS (
 ),
 sized AS (
     SELECT c.*,
-           c.bytes > $7 AS oversized,
-           c.bytes > $8 AND c.bytes <= $7 AS too_large,
-           sum(CASE WHEN c.bytes > $8 THEN 0 ELSE c.bytes + 64 END)
+           c.due AND c.bytes > $7 AS oversized,
+           c.due AND c.bytes > $8 AND c.bytes <= $7 AS too_large,
+           sum(CASE WHEN c.bytes > $8 OR NOT c.due THEN 0 ELSE c.bytes + 64 END)
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS running,
-           count(*) FILTER (WHERE c.bytes <= $8)
+           count(*) FILTER (WHERE c.bytes <= $8 AND c.due)
                OVER (ORDER BY c.part, c.after, c.seq ROWS UNBOUNDED PRECEDING) AS fitting
     FROM measured AS c
 ),
-chosen AS (
-    SELECT s.*, NOT s.too_large AND (s.oversized OR s.delivered >= $5) AS dead
+picked AS (
+    SELECT s.*, s.oversized OR s.too_large OR s.running <= $6 OR s.fitting = 1 AS picked
     FROM sized AS s
-    WHERE s.oversized OR s.too_large OR s.running <= $6 OR s.fitting = 1
+),
+chosen AS (
+    SELECT p.*, p.due AND NOT p.too_large AND (p.oversized OR p.delivered >= $5) AS dead
+    FROM picked AS p
+    WHERE p.picked
+),
+-- How far this claim's fresh rows are covered (see the top): computed over
+-- every row read, chosen or not.
+walked AS (
+    SELECT CASE WHEN min(p.seq) FILTER (WHERE p.part = 1 AND (NOT p.picked OR p.too_large)) IS NOT NULL
+                THEN min(p.seq) FILTER (WHERE p.part = 1 AND (NOT p.picked OR p.too_large)) - 1
+                WHEN count(*) < $1 THEN 9223372036854775807
+                ELSE max(p.seq) FILTER (WHERE p.part = 1)
+           END AS walked_to,
+           EXISTS (SELECT 1 FROM {epoch} AS e WHERE e.id AND e.epoch = $11::uuid) AS epoch_held
+    FROM picked AS p
 ),
 renewed AS (
     UPDATE {leases} AS l
@@ -127,22 +164,31 @@ renewed AS (
         locked_until = now() + $3::interval,
         claimed_by   = $4::text,
         claimed_at   = now(),
-        attempts     = c.delivered + 1
+        attempts     = c.delivered + 1,
+        delayed      = false
     FROM chosen AS c
     WHERE l.id = c.id AND c.part = 0 AND NOT c.dead AND NOT c.too_large
     RETURNING l.id, l.attempts, l.locked_until
 ),
 -- A fresh row another claim leased after this statement's snapshot is left to
 -- it (the insert waits for that claim's transaction, then skips the row).
+-- One not yet due gets a delay row until its available_at, under a lease id
+-- nobody holds, and counts no delivery.
 taken AS (
     INSERT INTO {leases} AS l (id, lease_id, locked_until, claimed_by, claimed_at, attempts,
-                               aggregate_id)
-    SELECT c.id, $2::uuid, now() + $3::interval, $4::text, now(), c.delivered + 1,
-           {lease_aggregate}
+                               aggregate_id, delayed)
+    SELECT c.id,
+           CASE WHEN c.due THEN $2::uuid ELSE gen_random_uuid() END,
+           CASE WHEN c.due THEN now() + $3::interval ELSE c.available_at END,
+           CASE WHEN c.due THEN $4::text ELSE '' END,
+           now(),
+           c.delivered + CASE WHEN c.due THEN 1 ELSE 0 END,
+           {lease_aggregate},
+           NOT c.due
     FROM chosen AS c
     WHERE c.part = 1 AND NOT c.dead AND NOT c.too_large
     ON CONFLICT (id) DO NOTHING
-    RETURNING l.id, l.attempts, l.locked_until
+    RETURNING l.id, l.attempts, l.locked_until, l.delayed
 ),
 released AS (
     DELETE FROM {leases} AS l
@@ -165,16 +211,23 @@ buried AS (
     RETURNING o.id, o.attempts
 ),
 outcome AS (
-    SELECT id, attempts, locked_until, false AS dead_lettered FROM renewed
+    SELECT id, attempts, locked_until, false AS dead_lettered, false AS delayed FROM renewed
     UNION ALL
-    SELECT id, attempts, locked_until, false AS dead_lettered FROM taken
+    SELECT id, attempts, locked_until, false AS dead_lettered, delayed FROM taken
     UNION ALL
-    SELECT id, attempts, NULL::timestamptz AS locked_until, true AS dead_lettered FROM buried
+    SELECT id, attempts, NULL::timestamptz AS locked_until, true AS dead_lettered,
+           false AS delayed
+    FROM buried
 )
 -- Every chosen row comes back; `lost` marks a fresh one another claim leased
 -- first, so the caller can tell a batch cut short by a concurrent claim from a
--- table with nothing more to give; `too_large` one left for another client.
+-- table with nothing more to give; `too_large` one left for another client;
+-- `delayed` one given a delay row. Each row carries the walk's outcome, and
+-- when nothing was chosen one row with a NULL id carries it alone.
 SELECT c.id,
+       w.walked_to,
+       w.epoch_held,
+       coalesce(r.delayed, false) AS delayed,
        r.id IS NULL AND NOT c.too_large AS lost,
        c.too_large,
        c.bytes::bigint AS bytes,
@@ -192,5 +245,5 @@ SELECT c.id,
        c.prev_claimed_by,
        c.prev_claimed_at,
        c.prev_locked_until
-FROM chosen AS c
-LEFT JOIN outcome AS r ON r.id = c.id
+FROM walked AS w
+LEFT JOIN (chosen AS c LEFT JOIN outcome AS r ON r.id = c.id) ON true

@@ -15,7 +15,10 @@
 -- business, and counting it here would page "nothing is relayed" while every
 -- other aggregate flows.
 WITH pending AS (
-    SELECT o.created_at, o.available_at, l.locked_until, l.claimed_at,
+    SELECT o.created_at, o.available_at,
+           -- A delay row is no lease: the event waits for its retry.
+           CASE WHEN NOT l.delayed THEN l.locked_until END AS locked_until,
+           l.claimed_at,
            o.aggregate_id::text AS aggregate_id, o.seq
     FROM {table} AS o
     LEFT JOIN {leases} AS l ON l.id = o.id

@@ -16,7 +16,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {leases} (
     attempts     integer     NOT NULL,
     -- Ordered outboxes only (NULL otherwise): the leased event's aggregate,
     -- so a claim sees in one probe whether an aggregate is under a live lease.
-    aggregate_id text
+    aggregate_id text,
+    -- A delay row, not a delivery: the event waits here until locked_until
+    -- (a nack's backoff, a producer's future available_at, a redrive) and
+    -- is then taken back like an expired lease. It keeps the event below
+    -- the claim cursor (`claim.sql`) from being passed over unleased.
+    delayed      boolean     NOT NULL DEFAULT false
 );
 
 -- Ack, Nack and ExtendLease find a lease's rows here.

@@ -165,10 +165,12 @@ pub(super) fn drop_index(table: &TableRef, name: &str) -> String {
     )
 }
 
-/// Adds the aggregate column to a lease table an earlier release created.
-pub(super) fn add_lease_aggregate(table: &TableRef) -> String {
+/// Adds the columns a lease table an earlier release created lacks: the
+/// aggregate (ordered outboxes) and the delay mark (the claim cursor).
+pub(super) fn add_lease_columns(table: &TableRef) -> String {
     format!(
-        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS aggregate_id text",
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS aggregate_id text, \
+         ADD COLUMN IF NOT EXISTS delayed boolean NOT NULL DEFAULT false",
         leases_table(table)
     )
 }
