@@ -510,8 +510,8 @@ fn scale_section(s: &mut String, plan: &Plan, r: &Results) {
          `INSERT … SELECT generate_series`); leases in flight are the oldest pending rows, leased for 15 minutes \
          through outboxd's own `ClaimBatch` by another worker and never acked (so outboxd's claim cursor \
          knows them), ahead of the claimable ones. `SQL ms` is the claim statement's execution time under \
-         `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back, once per table, bound with the claim cursor outboxd \
-         reports and the table's epoch.\n",
+         `EXPLAIN (ANALYZE, BUFFERS, WAL)`, rolled back, once per table after the warm-up claims, bound with \
+         the claim cursor outboxd reports (`outbox_claim_cursor`, sampled every second) and the table's epoch.\n",
         plan.claims
     );
     let _ = writeln!(

@@ -1477,6 +1477,9 @@ async fn scale(ctx: &Ctx, plan: &Plan, results: &mut Results) -> anyhow::Result<
             "default=public.outbox",
             "--outbox",
             &empty_outbox,
+            // The claim cursor's gauge, read before each EXPLAIN, fresh.
+            "--metrics-interval",
+            crate::claims::GAUGE_INTERVAL,
         ],
     )
     .await?;
@@ -1742,31 +1745,18 @@ async fn measure_claims(
     pending: u64,
     leases: u64,
 ) -> anyhow::Result<ScalePoint> {
+    // The first few warm the connections and caches, and bring outboxd's
+    // claim cursor to where the timed claims find it.
+    crate::claims::in_turn(client, ["default", EMPTY_SCHEMA], 3).await?;
     // The statement outboxd runs: its cursor and the table's epoch bound in.
+    tokio::time::sleep(crate::claims::GAUGE_SETTLE).await;
     let (plan_text, _, sql_ms, _) =
         crate::claims::explain_bound(&mut tables.history, metrics, "public", "default").await?;
     let (_, _, empty_sql_ms, _) =
         crate::claims::explain_bound(&mut tables.empty, metrics, EMPTY_SCHEMA, EMPTY_SCHEMA)
             .await?;
-    let mut claim_ms = Vec::with_capacity(plan.claims);
-    let mut empty_ms = Vec::with_capacity(plan.claims);
-    // The first few warm the connections and caches.
-    for k in 0..plan.claims + 3 {
-        let order = if k % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for of_history in order {
-            let outbox = if of_history { "default" } else { EMPTY_SCHEMA };
-            let ms = claim_once(client, outbox).await?;
-            match (k >= 3, of_history) {
-                (false, _) => {}
-                (true, true) => claim_ms.push(ms),
-                (true, false) => empty_ms.push(ms),
-            }
-        }
-    }
+    let [claim_ms, empty_ms] =
+        crate::claims::in_turn(client, ["default", EMPTY_SCHEMA], plan.claims).await?;
     Ok(ScalePoint {
         history,
         pending,
