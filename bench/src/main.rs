@@ -5,7 +5,10 @@
 //! table with outboxd stopped, idle and draining, the drain's events/s, latency
 //! under steady load, and the claim with history; and the per-aggregate order
 //! of issue #33 as ratios to the unordered outbox: the ordered drain, the
-//! ordered claim with history, and the rate of one hot aggregate. Writes
+//! ordered claim with history, and the rate of one hot aggregate; and what a
+//! claim costs the database of issue #48 (`claims.rs`): PostgreSQL CPU and
+//! WAL per event of workers that claim and ack at once against the classic
+//! relay's, and a claim behind leases other workers hold. Writes
 //! `bench/results/REPORT.md` and PNG charts.
 //!
 //! Run from the workspace root after
