@@ -13,6 +13,7 @@ mod availability;
 mod claim;
 mod claim_bytes;
 mod ctl;
+mod cursor;
 mod db_roles;
 mod edges;
 mod extend;

@@ -66,7 +66,12 @@ WITH expired AS (
            CASE WHEN NOT l.delayed THEN l.claimed_at END   AS prev_claimed_at,
            CASE WHEN NOT l.delayed THEN l.locked_until END AS prev_locked_until
     FROM {leases} AS l
-    JOIN {table} AS o ON o.id = l.id
+    -- Driven by the expiry index, one probe of the primary key per expired
+    -- lease: as a plain join, a plan made before the table had statistics
+    -- walked every pending row and probed the lease table for each. The
+    -- filters stay outside (OFFSET 0 keeps them there), so the probe can
+    -- only be the primary key's.
+    CROSS JOIN LATERAL (SELECT o.* FROM {table} AS o WHERE o.id = l.id OFFSET 0) AS o
     WHERE l.locked_until <= now()
       AND o.published_at IS NULL
       AND o.dead_lettered_at IS NULL
@@ -206,7 +211,10 @@ buried AS (
                                 ELSE 'max attempts reached; last error: ' || coalesce(o.last_error, 'lease expired')
                            END
     FROM chosen AS c
-    WHERE o.id = c.id AND c.dead
+    -- The ids as an array, so the plan probes the primary key for each
+    -- (whatever the table's statistics say) rather than walk the table.
+    WHERE o.id = ANY (ARRAY(SELECT d.id FROM chosen AS d WHERE d.dead))
+      AND o.id = c.id AND c.dead
       AND o.published_at IS NULL AND o.dead_lettered_at IS NULL
     RETURNING o.id, o.attempts
 ),
