@@ -225,7 +225,7 @@ async fn a_classic_outbox_table_is_adopted_and_served() {
         count(
             &app.db,
             "SELECT count(*) FROM pg_class WHERE oid = 'public.legacy_outbox'::regclass \
-             AND reloptions @> ARRAY['fillfactor=70']",
+             AND reloptions @> ARRAY['fillfactor=45']",
         )
         .await,
         1,

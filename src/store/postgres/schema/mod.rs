@@ -42,7 +42,7 @@ pub(super) const OBSOLETE_TRIGGER: &str = "outboxd_notify";
 
 /// Free space left on each page of a table outboxd creates (see `table.sql`).
 /// Adoption sets it on an existing table that has no fillfactor of its own.
-pub(super) const FILLFACTOR: u8 = 70;
+pub(super) const FILLFACTOR: u8 = 45;
 
 /// Producer columns and the types outboxd can read them as: those of
 /// `table.sql` first, then those of the classic shape (ids are read as text).
