@@ -7,6 +7,7 @@
 
 mod clusters;
 mod crash;
+mod cursor;
 mod door;
 mod harness;
 mod history;
