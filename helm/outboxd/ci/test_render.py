@@ -448,7 +448,7 @@ def test_chart_reaches_every_flag(render):
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     # Values whose default ("") leaves the variable to outboxd's own default.
-    server_unset = {"dbStartTimeout": "10m", "maxConnections": 300}
+    server_unset = {"dbStartTimeout": "10m", "maxConnections": 300, "claimSweepInterval": "10m"}
     tls_on = {"tls": {"enabled": True, "existingSecret": "tls", "clientCA": True}, "auth": {"tokensSecret": "tokens"}}
     relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"},
                  "tls": {"clientCertSecret": "relay-cert"}}
@@ -643,12 +643,32 @@ def test_all_options(render):
     assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9091"
     data = r.configmap()["data"]
     assert (data["OUTBOXD_MAX_CLAIM_BYTES"], data["OUTBOXD_MAX_MESSAGE_BYTES"]) == ("2097152", "3145728")
+    assert data["OUTBOXD_CLAIM_SWEEP_INTERVAL"] == "10m"
     job_env = _env(_containers(r.job())[0])
     assert (job_env["OUTBOXD_DB_START_TIMEOUT"], job_env["OUTBOXD_STATEMENT_TIMEOUT"]) == ("5m", "10s")
 
 
+def test_claim_sweep_interval_reaches_outboxd(render):
+    """config.claimSweepInterval sets OUTBOXD_CLAIM_SWEEP_INTERVAL in the ConfigMap the
+    outboxd pods load; "0" (sweep off) is passed through, and the default (empty) sets
+    nothing, leaving outboxd's own default, which values.yaml names."""
+    default = render("default")
+    assert "OUTBOXD_CLAIM_SWEEP_INTERVAL" not in default.configmap()["data"]
+    flag = re.search(r'#\[arg\(([^]]*env = "OUTBOXD_CLAIM_SWEEP_INTERVAL"[^]]*)\)\]', SERVER_SRC)
+    assert flag, "outboxd has no --claim-sweep-interval"
+    outboxd_default = re.search(r'default_value\s*=\s*"([^"]*)"', flag.group(1)).group(1)
+    assert f"outboxd's default, {outboxd_default}." in dict(values_doc.documented())["config.claimSweepInterval"]
+    for value in ["1m", "0", "1h30m"]:
+        r = render({"config": {"claimSweepInterval": value}})
+        assert r.configmap()["data"]["OUTBOXD_CLAIM_SWEEP_INTERVAL"] == value
+        server = _containers(r.server())[0]
+        assert {"configMapRef": {"name": r.configmap()["metadata"]["name"]}} in server["envFrom"]
+        assert "OUTBOXD_CLAIM_SWEEP_INTERVAL" not in _env(server), "set once, in the ConfigMap"
+
+
 @pytest.mark.parametrize("values, reason", [
     ({"database": {"url": "postgres://u:p@db/x"}, "migrations": {"mode": "job"}}, "pre-install"),
+    ({"config": {"claimSweepInterval": "5 minutes"}}, "claimSweepInterval"),
     ({"database": {"existingSecret": ""}}, "existingSecret"),
     ({"relay": {"enabled": True}}, "existingSecret"),
     ({"terminationGracePeriodSeconds": 20}, "terminationGracePeriodSeconds"),
