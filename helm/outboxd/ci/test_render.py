@@ -1045,7 +1045,7 @@ def test_prometheus_rule_carries_labels_namespace_and_the_readme_alerts(render):
                  "outbox_table_dead_tuples", "outbox_table_last_autovacuum_age_seconds",
                  "outbox_messages_acked_total", 'outbox_rpc_duration_seconds_count{code="Unavailable"}',
                  "outbox_auth_refusals_total", 'outbox_auth_reloads_total{result!="ok"}',
-                 "outbox_waiting_claims_refused_total"]:
+                 "outbox_waiting_claims_refused_total", "outbox_claim_sweep_found_total"]:
         assert name in metrics, name
     # The job label a ServiceMonitor gives its targets is the Service's name.
     assert 'up{job="outboxd", namespace="outboxd-test"}' in alerts["OutboxdDown"]["expr"]
@@ -1083,6 +1083,45 @@ def test_alert_values_reach_the_rules(render):
     assert alerts["OutboxWaitingClaimsRefused"]["expr"].endswith("> 0.5")
     assert "OutboxBlockedKeys" not in alerts
     assert alerts["OutboxCustom"] == {"alert": "OutboxCustom", "expr": "vector(1)", "labels": {"severity": "info"}}
+
+
+def test_claim_sweep_found_alert(render):
+    """OutboxClaimSweepFound: on by default, at once (for 0m), a warning; any increase
+    in the last hour, or a series new in the last hour that appears above 0, summed
+    over the replica labels per outbox; the runbook is the README's operations
+    section; it can be turned off and its values reach the rule."""
+    found = _alerts(render({"prometheusRule": {"enabled": True}}).one("PrometheusRule"))["OutboxClaimSweepFound"]
+    assert found["expr"] == (
+        "sum without (instance, pod) (increase(outbox_claim_sweep_found_total[1h]) > 0"
+        " or (outbox_claim_sweep_found_total > 0 unless outbox_claim_sweep_found_total offset 1h))")
+    assert found["for"] == "0m"
+    assert found["labels"] == {"severity": "warning"}
+    assert found["annotations"]["runbook_url"] == (
+        "https://github.com/outboxd/outboxd/blob/main/README.md#operations-what-to-alert-on")
+    assert "{{ $labels.outbox }}" in found["annotations"]["summary"]
+    assert "--claim-sweep-interval" in found["annotations"]["description"]
+    assert "the claim sweep found a claimable event below the claim cursor" in found["annotations"]["description"]
+    assert "the claim sweep found a claimable event below the claim cursor" in (REPO / "src/tasks/sweep.rs").read_text(), \
+        "the description quotes outboxd's WARN line"
+
+    tuned = _alerts(render({"prometheusRule": {"enabled": True, "replicaLabels": ["pod"], "alerts": {
+        "claimSweepFound": {"for": "1m", "severity": "critical"}}}}).one("PrometheusRule"))
+    assert tuned["OutboxClaimSweepFound"]["expr"].startswith("sum without (pod) (increase(")
+    assert (tuned["OutboxClaimSweepFound"]["for"], tuned["OutboxClaimSweepFound"]["labels"]) == (
+        "1m", {"severity": "critical"})
+
+    off = _alerts(render({"prometheusRule": {"enabled": True, "alerts": {
+        "claimSweepFound": {"enabled": False}}}}).one("PrometheusRule"))
+    assert "OutboxClaimSweepFound" not in off and "OutboxCommitOrderHoldback" in off
+
+
+def test_commit_order_holdback_alert_covers_unordered_outboxes(render):
+    """outbox_commit_order_holdback_seconds holds unordered outboxes' claim cursors
+    too (#48): the alert no longer speaks of ordered outboxes only."""
+    holdback = _alerts(render({"prometheusRule": {"enabled": True}}).one("PrometheusRule"))["OutboxCommitOrderHoldback"]
+    text = holdback["annotations"]["summary"] + " " + holdback["annotations"]["description"]
+    assert "claim cursor" in text and "ordered outbox {{" not in text
+    assert holdback["annotations"]["runbook_url"].endswith("#operations-what-to-alert-on")
 
 
 def test_dashboard_configmap_carries_the_chart_dashboard(render):
