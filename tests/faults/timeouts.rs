@@ -40,14 +40,15 @@ async fn lock_outbox(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> 
     tx
 }
 
-/// outboxd's claim statements in this database that wait on a lock (the
-/// only statement with SKIP LOCKED: the gauge sampler's and the watchdog's
-/// wait behind the lock too, on timers of their own).
+/// outboxd's claim statements in this database that wait on a lock, told
+/// by how the statement begins (pg_stat_activity keeps only its first
+/// kilobyte); the gauge sampler's and the watchdog's statements wait behind
+/// the lock too, on timers of their own.
 async fn claims_waiting_on_locks(db: &TestDb) -> i64 {
     db.scalar_i64(
         "SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND application_name = 'outboxd'
-           AND wait_event_type = 'Lock' AND query LIKE '%SKIP LOCKED%'",
+           AND wait_event_type = 'Lock' AND query LIKE 'WITH expired AS%'",
     )
     .await
 }

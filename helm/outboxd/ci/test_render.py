@@ -448,7 +448,7 @@ def test_chart_reaches_every_flag(render):
     relay_on = {"enabled": True, "amqp": {"existingSecret": "amqp"},
                 "config": {"workerId": "w", "noDeclare": True, "bindQueue": "q"}}
     # Values whose default ("") leaves the variable to outboxd's own default.
-    server_unset = {"dbStartTimeout": "10m", "maxConnections": 300}
+    server_unset = {"dbStartTimeout": "10m", "maxConnections": 300, "claimSweepInterval": "10m"}
     tls_on = {"tls": {"enabled": True, "existingSecret": "tls", "clientCA": True}, "auth": {"tokensSecret": "tokens"}}
     relay_tls = {**relay_on, "tokenSecret": "t", "amqp": {"existingSecret": "amqp", "caSecret": "ca"},
                  "tls": {"clientCertSecret": "relay-cert"}}
@@ -643,12 +643,32 @@ def test_all_options(render):
     assert relay_env["OUTBOX_RELAY_METRICS_LISTEN"] == "0.0.0.0:9091"
     data = r.configmap()["data"]
     assert (data["OUTBOXD_MAX_CLAIM_BYTES"], data["OUTBOXD_MAX_MESSAGE_BYTES"]) == ("2097152", "3145728")
+    assert data["OUTBOXD_CLAIM_SWEEP_INTERVAL"] == "10m"
     job_env = _env(_containers(r.job())[0])
     assert (job_env["OUTBOXD_DB_START_TIMEOUT"], job_env["OUTBOXD_STATEMENT_TIMEOUT"]) == ("5m", "10s")
 
 
+def test_claim_sweep_interval_reaches_outboxd(render):
+    """config.claimSweepInterval sets OUTBOXD_CLAIM_SWEEP_INTERVAL in the ConfigMap the
+    outboxd pods load; "0" (sweep off) is passed through, and the default (empty) sets
+    nothing, leaving outboxd's own default, which values.yaml names."""
+    default = render("default")
+    assert "OUTBOXD_CLAIM_SWEEP_INTERVAL" not in default.configmap()["data"]
+    flag = re.search(r'#\[arg\(([^]]*env = "OUTBOXD_CLAIM_SWEEP_INTERVAL"[^]]*)\)\]', SERVER_SRC)
+    assert flag, "outboxd has no --claim-sweep-interval"
+    outboxd_default = re.search(r'default_value\s*=\s*"([^"]*)"', flag.group(1)).group(1)
+    assert f"outboxd's default, {outboxd_default}." in dict(values_doc.documented())["config.claimSweepInterval"]
+    for value in ["1m", "0", "1h30m"]:
+        r = render({"config": {"claimSweepInterval": value}})
+        assert r.configmap()["data"]["OUTBOXD_CLAIM_SWEEP_INTERVAL"] == value
+        server = _containers(r.server())[0]
+        assert {"configMapRef": {"name": r.configmap()["metadata"]["name"]}} in server["envFrom"]
+        assert "OUTBOXD_CLAIM_SWEEP_INTERVAL" not in _env(server), "set once, in the ConfigMap"
+
+
 @pytest.mark.parametrize("values, reason", [
     ({"database": {"url": "postgres://u:p@db/x"}, "migrations": {"mode": "job"}}, "pre-install"),
+    ({"config": {"claimSweepInterval": "5 minutes"}}, "claimSweepInterval"),
     ({"database": {"existingSecret": ""}}, "existingSecret"),
     ({"relay": {"enabled": True}}, "existingSecret"),
     ({"terminationGracePeriodSeconds": 20}, "terminationGracePeriodSeconds"),
@@ -1025,7 +1045,7 @@ def test_prometheus_rule_carries_labels_namespace_and_the_readme_alerts(render):
                  "outbox_table_dead_tuples", "outbox_table_last_autovacuum_age_seconds",
                  "outbox_messages_acked_total", 'outbox_rpc_duration_seconds_count{code="Unavailable"}',
                  "outbox_auth_refusals_total", 'outbox_auth_reloads_total{result!="ok"}',
-                 "outbox_waiting_claims_refused_total"]:
+                 "outbox_waiting_claims_refused_total", "outbox_claim_sweep_found_total"]:
         assert name in metrics, name
     # The job label a ServiceMonitor gives its targets is the Service's name.
     assert 'up{job="outboxd", namespace="outboxd-test"}' in alerts["OutboxdDown"]["expr"]
@@ -1063,6 +1083,45 @@ def test_alert_values_reach_the_rules(render):
     assert alerts["OutboxWaitingClaimsRefused"]["expr"].endswith("> 0.5")
     assert "OutboxBlockedKeys" not in alerts
     assert alerts["OutboxCustom"] == {"alert": "OutboxCustom", "expr": "vector(1)", "labels": {"severity": "info"}}
+
+
+def test_claim_sweep_found_alert(render):
+    """OutboxClaimSweepFound: on by default, at once (for 0m), a warning; any increase
+    in the last hour, or a series new in the last hour that appears above 0, summed
+    over the replica labels per outbox; the runbook is the README's operations
+    section; it can be turned off and its values reach the rule."""
+    found = _alerts(render({"prometheusRule": {"enabled": True}}).one("PrometheusRule"))["OutboxClaimSweepFound"]
+    assert found["expr"] == (
+        "sum without (instance, pod) (increase(outbox_claim_sweep_found_total[1h]) > 0"
+        " or (outbox_claim_sweep_found_total > 0 unless outbox_claim_sweep_found_total offset 1h))")
+    assert found["for"] == "0m"
+    assert found["labels"] == {"severity": "warning"}
+    assert found["annotations"]["runbook_url"] == (
+        "https://github.com/outboxd/outboxd/blob/main/README.md#operations-what-to-alert-on")
+    assert "{{ $labels.outbox }}" in found["annotations"]["summary"]
+    assert "--claim-sweep-interval" in found["annotations"]["description"]
+    assert "the claim sweep found a claimable event below the claim cursor" in found["annotations"]["description"]
+    assert "the claim sweep found a claimable event below the claim cursor" in (REPO / "src/tasks/sweep.rs").read_text(), \
+        "the description quotes outboxd's WARN line"
+
+    tuned = _alerts(render({"prometheusRule": {"enabled": True, "replicaLabels": ["pod"], "alerts": {
+        "claimSweepFound": {"for": "1m", "severity": "critical"}}}}).one("PrometheusRule"))
+    assert tuned["OutboxClaimSweepFound"]["expr"].startswith("sum without (pod) (increase(")
+    assert (tuned["OutboxClaimSweepFound"]["for"], tuned["OutboxClaimSweepFound"]["labels"]) == (
+        "1m", {"severity": "critical"})
+
+    off = _alerts(render({"prometheusRule": {"enabled": True, "alerts": {
+        "claimSweepFound": {"enabled": False}}}}).one("PrometheusRule"))
+    assert "OutboxClaimSweepFound" not in off and "OutboxCommitOrderHoldback" in off
+
+
+def test_commit_order_holdback_alert_covers_unordered_outboxes(render):
+    """outbox_commit_order_holdback_seconds holds unordered outboxes' claim cursors
+    too (#48): the alert no longer speaks of ordered outboxes only."""
+    holdback = _alerts(render({"prometheusRule": {"enabled": True}}).one("PrometheusRule"))["OutboxCommitOrderHoldback"]
+    text = holdback["annotations"]["summary"] + " " + holdback["annotations"]["description"]
+    assert "claim cursor" in text and "ordered outbox {{" not in text
+    assert holdback["annotations"]["runbook_url"].endswith("#operations-what-to-alert-on")
 
 
 def test_dashboard_configmap_carries_the_chart_dashboard(render):

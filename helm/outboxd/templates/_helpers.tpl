@@ -188,6 +188,7 @@ YAML map NAME: "value"; empty values are left out so outboxd's default applies.
   "backoffJitter" "OUTBOXD_BACKOFF_JITTER"
   "retention" "OUTBOXD_RETENTION"
   "retentionInterval" "OUTBOXD_RETENTION_INTERVAL"
+  "claimSweepInterval" "OUTBOXD_CLAIM_SWEEP_INTERVAL"
   "retentionBatch" "OUTBOXD_RETENTION_BATCH"
   "healthInterval" "OUTBOXD_HEALTH_INTERVAL"
   "metricsInterval" "OUTBOXD_METRICS_INTERVAL"
