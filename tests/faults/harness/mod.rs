@@ -296,11 +296,16 @@ pub struct Load {
 }
 
 impl Load {
-    /// The end of a case under load: the producers finish, the outbox drains,
-    /// the workers and the sampler stop, and the history is checked against
-    /// the final table.
-    pub async fn conclude(self, case: &Case, name: &str) -> Figures {
-        self.drain(case).await.assess(case, name).await
+    /// The end of a case under load: the producers finish, the outbox
+    /// drains, the workers and the sampler stop, the outboxd replicas still
+    /// up (`servers`, under [`SWEEP_EVERY_SECOND`]) show that no sweep found
+    /// a claimable event below their claim cursors
+    /// ([`sweeps_found_nothing`]), and the history is checked against the
+    /// final table.
+    pub async fn conclude(self, case: &Case, name: &str, servers: &[&Outboxd]) -> Figures {
+        let drained = self.drain(case).await;
+        sweeps_found_nothing(servers, name).await;
+        drained.assess(case, name).await
     }
 
     /// The first half of [`Load::conclude`], for a case that reads the
