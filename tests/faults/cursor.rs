@@ -327,76 +327,93 @@ async fn a_late_commit_below_the_claim_cursor_is_handed_out_at_the_next_claim() 
     pool.close().await;
 }
 
-/// Two and three replicas of outboxd on one database, each with a cursor of
-/// its own, under load; one is killed with `kill -9` mid-drain (of a backlog
-/// of 2 000 events committed at once), and the
-/// workers move to the others, which finish the drain: the killed replica's
-/// leases expire and are claimed through the lease table's expiry index,
-/// never skipped by the survivors' cursors. The survivors' sweeps find
-/// nothing.
-async fn replicas_one_killed_9_mid_drain(replicas: usize) {
-    /// Events committed at once just before the kill.
+/// Three replicas of outboxd on one database, each with a claim cursor of
+/// its own, under load, killed with `kill -9` one at a time, each kill
+/// mid-drain of a backlog (2 000 events committed at once): from three
+/// replicas to two, then from two to one. The workers move to the live
+/// ones, which finish each drain: the leases of a killed replica expire and
+/// are claimed again through the lease table's expiry index, never skipped
+/// by a survivor's cursor. No sweep of a replica found anything below its
+/// cursor, read just before each kill and, for the last one, after the
+/// drain. (The case of two replicas with one killed and restarted under
+/// load is `two_replicas_one_killed_9_workers_move_to_the_live_one`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_each_with_its_cursor_killed_9_one_at_a_time_mid_drain_skip_nothing() {
+    /// Events committed at once before each kill.
     const BACKLOG: usize = 2000;
-    let events = if full_form() { 9000 } else { 3000 };
+    let (events, spread) = if full_form() {
+        (9000, secs(20))
+    } else {
+        (3000, secs(10))
+    };
     let case = Case::begin().await;
     let mut servers = Vec::new();
-    for _ in 0..replicas {
+    for _ in 0..3 {
         servers.push(Outboxd::start_with(&case.db.url(), free_port(), &SWEEP_EVERY_SECOND).await);
     }
     let targets = Targets::new(servers.iter().map(Outboxd::url));
-    let load = case.load(&targets, events, secs(10));
+    let load = case.load(&targets, events, spread);
 
-    // The fault schedule: 4 s of load, then a backlog appears at once, and
-    // once the replicas are draining it the first one goes for good.
-    sleep(secs(4)).await;
-    let before = case.db.published().await;
-    burst(&case.db.pool, &case.history, BACKLOG).await;
-    poll_until(
-        secs(30),
-        millis(5),
-        "the replicas drain part of the backlog",
-        async || case.db.published().await >= before + 200,
-    )
-    .await;
-    let pending = case.db.pending().await;
-    let in_flight = case
-        .db
-        .scalar_i64("SELECT count(*) FROM outbox_leases")
+    let mut kills = Vec::new();
+    for _ in 0..2 {
+        // The fault schedule: 3 s of load, then a backlog appears at once,
+        // and once the replicas are draining it one of them goes for good.
+        sleep(secs(3)).await;
+        let before = case.db.published().await;
+        burst(&case.db.pool, &case.history, BACKLOG).await;
+        poll_until(
+            secs(30),
+            millis(5),
+            "the replicas drain part of the backlog",
+            async || case.db.published().await >= before + 200,
+        )
         .await;
-    load.sampler.begin("kill -9 the first replica").await;
-    servers.remove(0).kill9().await;
-    load.sampler.end();
-    assert!(
-        pending >= 500 && in_flight > 0,
-        "the kill came mid-drain: {pending} pending, {in_flight} lease rows"
-    );
+        for server in &servers {
+            let found = server
+                .scrape()
+                .await
+                .of_outbox("outbox_claim_sweep_found_total", "default")
+                .unwrap_or(0.0);
+            assert!(
+                found == 0.0,
+                "a sweep of outboxd {} found {found} claimable events below its cursor",
+                server.addr
+            );
+        }
+        let pending = case.db.pending().await;
+        let in_flight = case
+            .db
+            .scalar_i64("SELECT count(*) FROM outbox_leases")
+            .await;
+        let live = servers.len();
+        load.sampler
+            .begin(format!("kill -9 one of {live} replicas"))
+            .await;
+        servers.remove(0).kill9().await;
+        load.sampler.end();
+        assert!(
+            pending >= 500 && in_flight > 0,
+            "the kill came mid-drain: {pending} pending, {in_flight} lease rows"
+        );
+        kills.push(format!(
+            "{live} replicas to {}: {pending} pending, {in_flight} lease rows",
+            live - 1
+        ));
+    }
 
-    let name = format!("{replicas} replicas, one killed");
-    let drained = load.drain(&case).await;
+    let name = "replicas killed one at a time";
     let survivors: Vec<&Outboxd> = servers.iter().collect();
-    sweeps_found_nothing(&survivors, &name).await;
-    let figures = drained.assess(&case, &name).await;
-    assert_eq!(figures.faults, 1, "the kill happened");
+    let figures = load.conclude(&case, name, &survivors).await;
+    assert_eq!(figures.faults, 2, "both kills happened");
     assert!(
         figures.failed_calls > 0 && figures.recoveries > 0,
         "workers whose replica died succeeded again on a live one"
     );
-    println!("{name}: {pending} pending and {in_flight} lease rows at the kill");
+    println!("{name}: at the kills, {}", kills.join("; "));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_each_with_its_cursor_one_killed_9_mid_drain_skip_nothing() {
-    replicas_one_killed_9_mid_drain(2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_replicas_each_with_its_cursor_one_killed_9_mid_drain_skip_nothing() {
-    replicas_one_killed_9_mid_drain(3).await;
-}
-
-/// When each event may be handed out, by the clock of the machine (the
-/// database's, which is the same one): a producer's `available_at`, and each
-/// accepted nack's retry.
+/// When each event may be handed out, by the database's clock: a
+/// producer's `available_at`, and each accepted nack's retry.
 #[derive(Debug, Default)]
 struct Due {
     /// Event id → its `available_at` as the producer inserted it, for the
@@ -494,14 +511,21 @@ fn produce_delayed(
     })
 }
 
+/// The database's clock now.
+async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("read the database's clock")
+}
+
 /// A worker of the delays case: claims, "publishes" (records) and acks,
 /// and nacks each message with a one-in-eight chance, asking for a retry
 /// 100 ms to 1.5 s later; every nack is recorded with its times.
 async fn delaying_worker(
     name: String,
     mut conn: Conn,
-    history: History,
-    due: Dues,
+    (history, pool, due): (History, PgPool, Dues),
     seed: u64,
     stop: CancellationToken,
 ) {
@@ -524,10 +548,13 @@ async fn delaying_worker(
         if !refused.is_empty() {
             history.expose(refused.clone());
             let retry = millis(rng.random_range(100..1500));
-            let sent = Utc::now();
+            // The database's clock, which leases and retries are measured
+            // by, read just before the nack is sent and just after it is
+            // answered: the nack statement's now() lies between the two.
+            let sent = db_now(&pool).await;
             conn.nack_after(&name, &lease_id, refused.clone(), retry)
                 .await;
-            let answered = Utc::now();
+            let answered = db_now(&pool).await;
             let mut due = dues(&due);
             for id in refused {
                 due.nacks.entry(id).or_default().push(Nacked {
@@ -566,17 +593,8 @@ async fn nacks_with_backoff_and_future_available_at_come_back_when_due_and_never
     let history = case.history.clone();
     let workers = Workers::start((0..4).map(|i| {
         let conn = Conn::new(targets.clone(), i, history.clone());
-        let (history, due) = (history.clone(), Arc::clone(&due));
-        move |stop| {
-            delaying_worker(
-                format!("worker-{i}"),
-                conn,
-                history,
-                due,
-                4848 + i as u64,
-                stop,
-            )
-        }
+        let shared = (history.clone(), case.db.pool.clone(), Arc::clone(&due));
+        move |stop| delaying_worker(format!("worker-{i}"), conn, shared, 4848 + i as u64, stop)
     }));
     let sampler = Sampler::start(&case.db.pool, &case.history);
     let producers = produce_delayed(&case.db.pool, &case.history, &due, events, spread);
