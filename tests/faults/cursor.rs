@@ -300,13 +300,18 @@ async fn a_late_commit_below_the_claim_cursor_is_handed_out_at_the_next_claim() 
         waits.push(wait);
     }
     waits.sort_unstable();
+    let mut gaps: Vec<i64> = held_cursors.iter().map(|(seq, held)| seq - held).collect();
+    gaps.sort_unstable();
     let final_cursor = cursor_of(&server.scrape().await);
     println!(
         "late commit: {rounds} rounds, each handed out {:.0} ms (median) / {:.0} ms (max) \
          after its commit; {passed_over} claims with room answered without it in between; \
-         (open seq, cursor held below it) {held_cursors:?}; cursor {final_cursor} at the end",
+         the cursor held {}..{} seqs below the open one (median {}), at {final_cursor} at the end",
         waits[waits.len() / 2].as_secs_f64() * 1000.0,
         waits.last().expect("rounds").as_secs_f64() * 1000.0,
+        gaps.first().expect("rounds"),
+        gaps.last().expect("rounds"),
+        gaps[gaps.len() / 2],
     );
     let figures = assess(&case, "late commit").await;
     assert_eq!(figures.faults, rounds, "every late commit happened");
