@@ -18,7 +18,7 @@ use tonic::Code;
 use tonic_types::StatusExt as _;
 
 use crate::{
-    harness::{Case, Outboxd},
+    harness::{Case, Outboxd, http_get},
     shared::{
         net::free_port,
         wait::{millis, secs},
@@ -292,37 +292,6 @@ async fn refused_connections(metrics: SocketAddr, listener: &str) -> f64 {
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-/// One HTTP/1.1 GET on a connection of its own: the status code and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
-        let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .expect("send the request");
-        let mut response = Vec::new();
-        stream
-            .read_to_end(&mut response)
-            .await
-            .expect("read the response");
-        String::from_utf8_lossy(&response).into_owned()
-    };
-    let response = timeout(secs(10), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET {path} on {addr} answered within 10 s"));
-    let code = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("an HTTP status line: {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (code, body)
 }
 
 const HEADERS: u8 = 0x1;

@@ -7,6 +7,7 @@
 
 mod clusters;
 mod crash;
+mod cursor;
 mod door;
 mod harness;
 mod history;
@@ -17,7 +18,7 @@ mod relay;
 mod shared;
 mod timeouts;
 
-use harness::{Case, Outboxd, Targets};
+use harness::{Case, Outboxd, SWEEP_EVERY_SECOND, Targets};
 use shared::{
     net::free_port,
     proxy::Proxy,
@@ -31,7 +32,7 @@ const EVENTS: usize = 3000;
 async fn outboxd_killed_9_and_restarted_loses_nothing_and_accepts_no_stale_ack() {
     let case = Case::begin().await;
     let port = free_port();
-    let mut server = Outboxd::start(&case.db.url(), port).await;
+    let mut server = Outboxd::start_with(&case.db.url(), port, &SWEEP_EVERY_SECOND).await;
     let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
     for round in 1..=4 {
@@ -42,13 +43,13 @@ async fn outboxd_killed_9_and_restarted_loses_nothing_and_accepts_no_stale_ack()
             .await;
         server.kill9().await;
         sleep(millis(500)).await;
-        server = Outboxd::start(&case.db.url(), port).await;
+        server = Outboxd::start_with(&case.db.url(), port, &SWEEP_EVERY_SECOND).await;
         load.sampler.end();
     }
     // Whether a worker's ack outlives its lease here depends on how fast
     // outboxd comes back; the checker refuses any stale ack that was accepted,
     // and the lease-loss case below sends stale acks on every run.
-    load.conclude(&case, "kill -9 outboxd").await;
+    load.conclude(&case, "kill -9 outboxd", &[&server]).await;
     drop(server);
 }
 
@@ -56,8 +57,8 @@ async fn outboxd_killed_9_and_restarted_loses_nothing_and_accepts_no_stale_ack()
 async fn two_replicas_one_killed_9_workers_move_to_the_live_one() {
     let case = Case::begin().await;
     let ports = [free_port(), free_port()];
-    let first = Outboxd::start(&case.db.url(), ports[0]).await;
-    let second = Outboxd::start(&case.db.url(), ports[1]).await;
+    let first = Outboxd::start_with(&case.db.url(), ports[0], &SWEEP_EVERY_SECOND).await;
+    let second = Outboxd::start_with(&case.db.url(), ports[1], &SWEEP_EVERY_SECOND).await;
     // Workers 0 and 2 start on the first replica, 1 and 3 on the second.
     let load = case.load(&Targets::new([first.url(), second.url()]), EVENTS, secs(10));
 
@@ -68,13 +69,15 @@ async fn two_replicas_one_killed_9_workers_move_to_the_live_one() {
     second.kill9().await;
     load.sampler.end();
     sleep(secs(3)).await;
-    let second = Outboxd::start(&case.db.url(), ports[1]).await;
+    let second = Outboxd::start_with(&case.db.url(), ports[1], &SWEEP_EVERY_SECOND).await;
     sleep(secs(2)).await;
     load.sampler.begin("kill -9 the first replica").await;
     first.kill9().await;
     load.sampler.end();
 
-    let figures = load.conclude(&case, "two replicas, one killed").await;
+    let figures = load
+        .conclude(&case, "two replicas, one killed", &[&second])
+        .await;
     assert!(
         figures.recoveries > 0,
         "workers whose replica died succeeded again on the live one"
@@ -86,7 +89,12 @@ async fn two_replicas_one_killed_9_workers_move_to_the_live_one() {
 async fn database_connections_cut_and_stalled_lose_nothing() {
     let case = Case::begin().await;
     let proxy = Proxy::start(case.db.upstream()).await;
-    let server = Outboxd::start(&case.db.url_via(proxy.addr()), free_port()).await;
+    let server = Outboxd::start_with(
+        &case.db.url_via(proxy.addr()),
+        free_port(),
+        &SWEEP_EVERY_SECOND,
+    )
+    .await;
     let load = case.load(&Targets::new([server.url()]), EVENTS, secs(12));
 
     for round in 1..=3 {
@@ -106,7 +114,7 @@ async fn database_connections_cut_and_stalled_lose_nothing() {
         proxy.resume();
         load.sampler.end();
     }
-    load.conclude(&case, "cut and stalled").await;
+    load.conclude(&case, "cut and stalled", &[&server]).await;
     drop(server);
 }
 
@@ -118,7 +126,7 @@ async fn database_connections_cut_and_stalled_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack() {
     let case = Case::begin().await;
-    let server = Outboxd::start(&case.db.url(), free_port()).await;
+    let server = Outboxd::start_with(&case.db.url(), free_port(), &SWEEP_EVERY_SECOND).await;
     let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
     for round in 1..=4 {
@@ -128,10 +136,12 @@ async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack
             .begin_lease_loss(format!("lease table emptied ({round})"))
             .await;
         // A crash empties every unlogged table: the epoch goes with the leases.
-        case.db.execute("TRUNCATE outbox_leases, outbox_epoch").await;
+        case.db
+            .execute("TRUNCATE outbox_leases, outbox_epoch")
+            .await;
         load.sampler.end();
     }
-    let figures = load.conclude(&case, "lease state lost").await;
+    let figures = load.conclude(&case, "lease state lost", &[&server]).await;
     assert!(
         figures.fenced > 0,
         "acks of vanished leases were sent, and fenced"
@@ -142,7 +152,7 @@ async fn lease_state_lost_as_in_a_crash_loses_nothing_and_fences_every_stale_ack
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outboxd_backends_terminated_lose_nothing() {
     let case = Case::begin().await;
-    let server = Outboxd::start(&case.db.url(), free_port()).await;
+    let server = Outboxd::start_with(&case.db.url(), free_port(), &SWEEP_EVERY_SECOND).await;
     let load = case.load(&Targets::new([server.url()]), EVENTS, secs(10));
 
     let mut backends = 0;
@@ -158,7 +168,8 @@ async fn outboxd_backends_terminated_lose_nothing() {
         load.sampler.end();
     }
     println!("pg_terminate_backend: {backends} outboxd backends in 5 rounds");
-    load.conclude(&case, "pg_terminate_backend").await;
+    load.conclude(&case, "pg_terminate_backend", &[&server])
+        .await;
     drop(server);
 }
 

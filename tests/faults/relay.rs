@@ -4,7 +4,10 @@
 use tokio::{process::Child, time::sleep};
 
 use crate::{
-    harness::{Case, Outboxd, Sampler, assess, burst, child_command, drained},
+    harness::{
+        Case, Outboxd, SWEEP_EVERY_SECOND, Sampler, assess, burst, child_command, drained,
+        sweeps_found_nothing,
+    },
     shared::{
         bins,
         net::free_port,
@@ -44,7 +47,7 @@ impl Relay {
 async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
     let case = Case::begin().await;
     let (db, history) = (&case.db, &case.history);
-    let server = Outboxd::start(&db.url(), free_port()).await;
+    let server = Outboxd::start_with(&db.url(), free_port(), &SWEEP_EVERY_SECOND).await;
     let rabbit = Rabbit::bound("#").await;
     let sampler = Sampler::start(&db.pool, history);
     let mut relay = Relay::start(&server, &rabbit);
@@ -101,6 +104,7 @@ async fn the_relay_killed_9_mid_drain_loses_nothing_after_restarts() {
             .map(|a| a.parse().expect("x-outbox-attempt is a number"));
         history.delivered(message.message_id, None, attempt);
     }
+    sweeps_found_nothing(&[&server], "kill -9 outbox-relay").await;
     let figures = assess(&case, "kill -9 outbox-relay").await;
     // The README's promise: a crash redelivers at most two batches per slot.
     let per_kill = 2 * CONCURRENCY * BATCH;

@@ -4,6 +4,7 @@
 //! sometimes nack over gRPC, a sampler of what is under lease while a fault is
 //! on, and the end of every case: drain, read the final table, check.
 
+mod metrics;
 mod producers;
 mod sampler;
 mod workers;
@@ -30,10 +31,12 @@ use crate::{
         bins,
         cluster::PrivateCluster,
         db::TestDb,
+        net::free_port,
         proxy::Proxy,
         wait::{secs, wait_until},
     },
 };
+pub use metrics::{Scrape, http_get};
 pub use producers::{burst, produce, produce_shared};
 pub use sampler::Sampler;
 pub use workers::{Conn, LEASE, Targets, Workers};
@@ -248,6 +251,41 @@ impl Case {
     }
 }
 
+/// The outbox a case's outboxd serves, for a case that runs on both kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outbox {
+    /// The default outbox: claims read fresh rows from the claim cursor.
+    Unordered,
+    /// [`ORDERED`]: claims hand out each aggregate's events in order.
+    Ordered,
+}
+
+impl Outbox {
+    /// outboxd's arguments for it, with the claim sweep every second.
+    pub fn args(self) -> Vec<&'static str> {
+        let mut args = SWEEP_EVERY_SECOND.to_vec();
+        if self == Self::Ordered {
+            args.extend(ORDERED);
+        }
+        args
+    }
+
+    /// [`Case::load`] or [`Case::load_ordered`].
+    pub fn load(self, case: &Case, targets: &Targets, events: usize, spread: Duration) -> Load {
+        match self {
+            Self::Unordered => case.load(targets, events, spread),
+            Self::Ordered => case.load_ordered(targets, events, spread),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unordered => "unordered",
+            Self::Ordered => "ordered",
+        }
+    }
+}
+
 /// A case's running load; see [`Case::load`].
 pub struct Load {
     pub workers: Workers,
@@ -258,11 +296,16 @@ pub struct Load {
 }
 
 impl Load {
-    /// The end of a case under load: the producers finish, the outbox drains,
-    /// the workers and the sampler stop, and the history is checked against
-    /// the final table.
-    pub async fn conclude(self, case: &Case, name: &str) -> Figures {
-        self.drain(case).await.assess(case, name).await
+    /// The end of a case under load: the producers finish, the outbox
+    /// drains, the workers and the sampler stop, the outboxd replicas still
+    /// up (`servers`, under [`SWEEP_EVERY_SECOND`]) show that no sweep found
+    /// a claimable event below their claim cursors
+    /// ([`sweeps_found_nothing`]), and the history is checked against the
+    /// final table.
+    pub async fn conclude(self, case: &Case, name: &str, servers: &[&Outboxd]) -> Figures {
+        let drained = self.drain(case).await;
+        sweeps_found_nothing(servers, name).await;
+        drained.assess(case, name).await
     }
 
     /// The first half of [`Load::conclude`], for a case that reads the
@@ -363,6 +406,8 @@ impl Log {
 pub struct Outboxd {
     child: Child,
     pub addr: SocketAddr,
+    /// Where its `/metrics` answers (`--metrics-listen`).
+    pub metrics: SocketAddr,
     /// Its output, when started with [`Outboxd::spawn_logged`].
     log: Option<Log>,
 }
@@ -374,7 +419,7 @@ impl Outboxd {
     }
 
     /// As [`Outboxd::start`], with further arguments (`--outbox ...`; a
-    /// `--metrics-listen` of the case's replaces the harness's any port).
+    /// `--metrics-listen` of the case's replaces the harness's free port).
     pub async fn start_with(database_url: &str, port: u16, extra: &[&str]) -> Self {
         Self::spawn(child_command(bins::outboxd()), database_url, port, extra).await
     }
@@ -391,12 +436,12 @@ impl Outboxd {
 
     async fn spawn(command: Command, database_url: &str, port: u16, extra: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let child = Self::args(command, database_url, addr, extra)
-            .spawn()
-            .expect("spawn outboxd");
+        let (mut command, metrics) = Self::args(command, database_url, addr, extra);
+        let child = command.spawn().expect("spawn outboxd");
         let server = Self {
             child,
             addr,
+            metrics,
             log: None,
         };
         server.serving().await;
@@ -407,21 +452,39 @@ impl Outboxd {
     /// kept in [`Outboxd::log`]: for a case about how it starts.
     pub fn spawn_logged(database_url: &str, port: u16, extra: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut child = Self::args(logged_command(bins::outboxd()), database_url, addr, extra)
-            .spawn()
-            .expect("spawn outboxd");
+        let (mut command, metrics) =
+            Self::args(logged_command(bins::outboxd()), database_url, addr, extra);
+        let mut child = command.spawn().expect("spawn outboxd");
         let log = Log::collect(&mut child);
         Self {
             child,
             addr,
+            metrics,
             log: Some(log),
         }
     }
 
-    fn args(mut command: Command, database_url: &str, addr: SocketAddr, extra: &[&str]) -> Command {
-        if !extra.contains(&"--metrics-listen") {
-            command.args(["--metrics-listen", "127.0.0.1:0"]);
-        }
+    /// The command line, and where its `/metrics` will answer.
+    fn args(
+        mut command: Command,
+        database_url: &str,
+        addr: SocketAddr,
+        extra: &[&str],
+    ) -> (Command, SocketAddr) {
+        let given = extra
+            .iter()
+            .position(|a| *a == "--metrics-listen")
+            .and_then(|i| extra.get(i + 1));
+        let metrics = match given {
+            Some(listen) => listen.parse().unwrap_or_else(|e| {
+                panic!("a case's --metrics-listen is an address: {listen:?} ({e})")
+            }),
+            None => {
+                let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+                command.args(["--metrics-listen", &metrics.to_string()]);
+                metrics
+            }
+        };
         command
             .args(["--database-url", database_url])
             .args(["--listen", &addr.to_string()])
@@ -430,7 +493,12 @@ impl Outboxd {
             .args(["--db-acquire-timeout", "1s"])
             .args(["--drain-timeout", "2s"])
             .args(extra);
-        command
+        (command, metrics)
+    }
+
+    /// One scrape of its `/metrics`.
+    pub async fn scrape(&self) -> Scrape {
+        Scrape::of(self.metrics).await
     }
 
     pub fn url(&self) -> String {
@@ -468,6 +536,81 @@ impl Outboxd {
     pub async fn kill9(mut self) {
         self.child.kill().await.expect("kill -9 outboxd");
     }
+}
+
+/// The claim cursor's sweep every second (`--claim-sweep-interval 1s`):
+/// a case that runs it asserts with [`sweeps_found_nothing`] that no sweep
+/// found a claimable event the cursor had passed.
+pub const SWEEP_EVERY_SECOND: [&str; 2] = ["--claim-sweep-interval", "1s"];
+
+/// What the sweeps of one replica did over a case.
+#[derive(Debug, Clone, Copy)]
+pub struct Sweeps {
+    /// Sweeps completed (`outbox_claim_sweeps_total`).
+    pub done: f64,
+    /// The replica's claim cursor at the end (`outbox_claim_cursor`).
+    pub cursor: f64,
+}
+
+/// After a drain: waits until every one of `servers` (outboxd under
+/// [`SWEEP_EVERY_SECOND`], serving outbox `default`) has completed two more
+/// sweeps than it had now, so that one of them began after the drain ended,
+/// then asserts that no sweep of any of them ever found a claimable event
+/// below its claim cursor: the cursor skipped nothing, or the sweep would
+/// have handed it out and counted it. Returns each replica's figures.
+pub async fn sweeps_found_nothing(servers: &[&Outboxd], case: &str) -> Vec<Sweeps> {
+    const SWEEPS: &str = "outbox_claim_sweeps_total";
+    const FOUND: &str = "outbox_claim_sweep_found_total";
+    let mut figures = Vec::new();
+    for server in servers {
+        let at_drain = server
+            .scrape()
+            .await
+            .of_outbox(SWEEPS, "default")
+            .unwrap_or(0.0);
+        let mut last = None;
+        wait_until(
+            secs(30),
+            &format!(
+                "outboxd {} completes a sweep begun after the drain",
+                server.addr
+            ),
+            async || {
+                let page = server.scrape().await;
+                let done = page.of_outbox(SWEEPS, "default").unwrap_or(0.0) >= at_drain + 2.0;
+                last = Some(page);
+                done
+            },
+        )
+        .await;
+        let page = last.expect("scraped");
+        let found = page
+            .of_outbox(FOUND, "default")
+            .unwrap_or_else(|| panic!("{FOUND} is written at every sweep:\n{}", page.text()));
+        let sweeps = Sweeps {
+            done: page.of_outbox(SWEEPS, "default").unwrap_or(0.0),
+            cursor: page
+                .of_outbox("outbox_claim_cursor", "default")
+                .unwrap_or(0.0),
+        };
+        assert!(
+            found == 0.0,
+            "fault case {case}: the sweep of outboxd {} found {found} claimable events below \
+             its claim cursor ({} sweeps, cursor at {}): the cursor skipped them",
+            server.addr,
+            sweeps.done,
+            sweeps.cursor
+        );
+        figures.push(sweeps);
+    }
+    println!(
+        "fault case {case}: sweeps {:?}, found 0",
+        figures
+            .iter()
+            .map(|s| format!("{} (cursor {})", s.done, s.cursor))
+            .collect::<Vec<_>>()
+    );
+    figures
 }
 
 /// Waits until every committed event is settled, then stops the sampler and the workers.

@@ -162,6 +162,32 @@ impl Conn {
         lease_id: &str,
         ids: Vec<String>,
     ) {
+        self.settle_with(worker, kind, lease_id, ids, millis(100))
+            .await;
+    }
+
+    /// A nack of `ids` asking for a retry after `retry`, as
+    /// [`Conn::settle`] sends and records it; whether it was answered (the
+    /// outcomes are in the history).
+    pub async fn nack_after(
+        &mut self,
+        worker: &str,
+        lease_id: &str,
+        ids: Vec<String>,
+        retry: Duration,
+    ) {
+        self.settle_with(worker, SettleKind::Nack, lease_id, ids, retry)
+            .await;
+    }
+
+    async fn settle_with(
+        &mut self,
+        worker: &str,
+        kind: SettleKind,
+        lease_id: &str,
+        ids: Vec<String>,
+        retry: Duration,
+    ) {
         let give_up = Instant::now() + SETTLE_PATIENCE;
         loop {
             let start = self.history.now();
@@ -185,7 +211,7 @@ impl Conn {
                         lease_id: lease_id.into(),
                         message_ids: ids.clone(),
                         error: "the broker refused it".into(),
-                        retry_after: Some(millis(100).try_into().expect("fits")),
+                        retry_after: Some(retry.try_into().expect("fits")),
                         dead_letter: false,
                     };
                     call(
