@@ -382,16 +382,11 @@ impl OutboxStore for PgOutbox {
 
     async fn gauges(&self) -> Result<Stats, StoreError> {
         let mut conn = self.session.conn().await?;
-        // A sample reads every pending row: under a backlog of millions it
-        // outlasts an RPC's statement timeout, and it is no RPC.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        sqlx::query("SET LOCAL statement_timeout = '60s'")
-            .execute(&mut *tx)
-            .await?;
-        let row = sqlx::query(AssertSqlSafe(self.sql().gauges.clone()))
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let row = fetch_background(
+            &mut conn,
+            sqlx::query(AssertSqlSafe(self.sql().gauges.clone())),
+        )
+        .await?;
         let mut stats = stats_of(&row)?;
         if self.prepared.sequence.is_some() {
             // Probed here too, so the gauge moves on when no claim runs.
@@ -412,17 +407,13 @@ impl OutboxStore for PgOutbox {
     async fn sweep(&self) -> Result<Sweep, StoreError> {
         let (cursor, epoch) = self.prepared.claiming.lock().await.cursor.position();
         let mut conn = self.session.conn().await?;
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        // The walk a claim no longer makes: as long as the gauges' sample.
-        sqlx::query("SET LOCAL statement_timeout = '60s'")
-            .execute(&mut *tx)
-            .await?;
-        let row = sqlx::query(AssertSqlSafe(self.sql().sweep.clone()))
-            .bind(cursor)
-            .bind(epoch)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let row = fetch_background(
+            &mut conn,
+            sqlx::query(AssertSqlSafe(self.sql().sweep.clone()))
+                .bind(cursor)
+                .bind(epoch),
+        )
+        .await?;
         conn.finish();
         Ok(Sweep {
             cursor,
@@ -601,6 +592,22 @@ impl Arrivals for PgOutbox {
         conn.finish();
         Ok(value)
     }
+}
+
+/// Runs one background statement (the gauges' sample, the sweep), which may
+/// read every pending row: under a backlog of millions it outlasts an RPC's
+/// statement timeout, and it is no RPC, so it gets a minute of its own.
+async fn fetch_background(
+    conn: &mut StatementConn,
+    query: SettleQuery,
+) -> Result<sqlx::postgres::PgRow, StoreError> {
+    let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+    sqlx::query("SET LOCAL statement_timeout = '60s'")
+        .execute(&mut *tx)
+        .await?;
+    let row = query.fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(row)
 }
 
 fn uuids(ids: &[MessageId]) -> Vec<Uuid> {
